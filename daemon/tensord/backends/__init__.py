@@ -1,0 +1,1 @@
+"""Backends run a model: ONNX Runtime with per-provider selection (CPU always last)."""

@@ -1,0 +1,47 @@
+"""What every backend offers the layers above it: a signature and a blocking run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from tensord.dtypes import DType
+
+
+@dataclass(slots=True, frozen=True)
+class TensorSpec:
+    """One input or output: name, dtype and shape, -1 for a dynamic dimension."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class BackendPlacement:
+    """Where a backend really runs, and why: reported in Info and the start-up log."""
+
+    backend: str
+    provider: str
+    provider_reason: str
+    requested_providers: tuple[str, ...]
+    executor: str
+
+
+class Backend(Protocol):
+    """A loaded model. `run` blocks; callers run it on a worker thread."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    placement: BackendPlacement
+
+    def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        """Run once; returns the named outputs in the order asked for."""
+        ...
+
+    def close(self) -> None:
+        """Release the model's memory."""
+        ...

@@ -1,0 +1,143 @@
+"""The `tensord` command: serve, inspect a model file, check a config, build the demo repo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tensord import __version__
+from tensord.config import env_keys, load_config
+from tensord.errors import ConfigError, ModelLoadError
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", type=Path, help="TOML config file (TENSORD_CONFIG)")
+    parser.add_argument("--listen", help="HOST:PORT to listen on (server.listen)")
+    parser.add_argument("--model-repository", help="model repository directory")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", choices=["auto", "json", "console"])
+
+
+def _config_from(args: argparse.Namespace) -> Any:
+    import os
+
+    path = args.config or (Path(os.environ["TENSORD_CONFIG"]) if os.environ.get("TENSORD_CONFIG") else None)
+    return load_config(
+        path,
+        overrides={
+            "server.listen": args.listen,
+            "model_repository": args.model_repository,
+            "server.log_level": args.log_level,
+            "server.log_format": args.log_format,
+        },
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the daemon in the foreground until SIGTERM or SIGINT."""
+    from tensord.logs import configure_logging
+    from tensord.server.app import TensordServer
+
+    config = _config_from(args)
+    configure_logging(config.server.log_format, config.server.log_level)
+    try:
+        asyncio.run(_serve(TensordServer, config))
+    except (OSError, ModelLoadError) as exc:
+        print(f"tensord: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(server_cls: Any, config: Any) -> None:
+    # The grpc.aio server binds to the loop it is created in: create it inside the loop.
+    await server_cls(config).serve_until_signal()
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate the config file and every model.toml; print the effective settings."""
+    from tensord.registry.repository import scan_repository
+
+    config = _config_from(args)
+    problems = [f"{src.name} v{src.version}: {src.error}" for src in scan_repository(config.model_repository) if src.error]
+    print(json.dumps(config.model_dump(mode="json"), indent=2))
+    for line in problems:
+        print(f"model problem: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Describe an ONNX file: signature, opset, producer, metadata, size, usable providers."""
+    from tensord.inspect import inspect_model
+
+    report = inspect_model(args.model)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{report['path']}  ({report['size_bytes']} bytes)")
+    print(f"producer: {report['producer']}  opsets: {report['opsets']}  ir_version: {report['ir_version']}")
+    for kind in ("inputs", "outputs"):
+        print(f"{kind}:")
+        for t in report[kind]:
+            print(f"  {t['name']:<24} {t['dtype']:<10} {t['shape']}")
+    if report["metadata"]:
+        print("metadata:")
+        for key, value in report["metadata"].items():
+            print(f"  {key} = {value}")
+    print(f"providers that can run it: {', '.join(report['runnable_providers'])}")
+    for provider, reason in report["unrunnable_providers"].items():
+        print(f"  not {provider}: {reason}")
+    return 0
+
+
+def cmd_demo_repo(args: argparse.Namespace) -> int:
+    """Build the demo model repository (mlp, cnn) locally."""
+    from tensord.demo import build_demo_repository
+
+    written = build_demo_repository(args.path, force=args.force)
+    print(f"demo repository at {args.path}: {len(written)} model file(s) written")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to document the commands)."""
+    env = ", ".join(sorted(env_keys()))
+    parser = argparse.ArgumentParser(
+        prog="tensord",
+        description="gRPC inference daemon for GPU hosts.",
+        epilog=f"Settings come from the config file, then environment variables ({env}), then flags.",
+    )
+    parser.add_argument("--version", action="version", version=f"tensord {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the daemon in the foreground")
+    _add_config_flags(serve)
+    serve.set_defaults(func=cmd_serve)
+    check = sub.add_parser("check-config", help="validate the config and the model repository")
+    _add_config_flags(check)
+    check.set_defaults(func=cmd_check_config)
+    insp = sub.add_parser("inspect", help="describe an ONNX model file")
+    insp.add_argument("model", type=Path)
+    insp.add_argument("--json", action="store_true", help="print JSON")
+    insp.set_defaults(func=cmd_inspect)
+    demo = sub.add_parser("demo-repo", help="build the demo model repository")
+    demo.add_argument("path", type=Path)
+    demo.add_argument("--force", action="store_true", help="rebuild existing models")
+    demo.set_defaults(func=cmd_demo_repo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `tensord` command."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ConfigError, ModelLoadError) as exc:
+        print(f"tensord: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Tensors between the contract's `Tensor` message and NumPy arrays.
+
+Used by the server's converters and by the Python client, so both sides agree on one
+encoding: raw little-endian C-order bytes (strings as 4-byte little-endian length plus
+bytes), or typed repeated fields for people writing JSON.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from tensord.dtypes import DType
+from tensord.errors import InvalidArgumentError
+from tensord.v1 import inference_pb2 as pb
+
+# Which TensorContents field carries each dtype.
+CONTENTS_FIELD: dict[DType, str] = {
+    DType.BOOL: "bool_values",
+    DType.UINT8: "int_values",
+    DType.INT8: "int_values",
+    DType.INT16: "int_values",
+    DType.INT32: "int_values",
+    DType.INT64: "int64_values",
+    DType.FLOAT16: "float_values",
+    DType.BFLOAT16: "float_values",
+    DType.FLOAT32: "float_values",
+    DType.FLOAT64: "double_values",
+    DType.STRING: "bytes_values",
+}
+_CONTENTS_FIELDS = tuple(sorted(set(CONTENTS_FIELD.values())))
+_DTYPE_NAMES = ", ".join(pb.DataType.Name(int(d)) for d in DType)
+_U32 = struct.Struct("<I")
+
+
+def dtype_name(dtype: DType) -> str:
+    """The contract's spelling of a dtype, as people see it in grpcurl."""
+    return pb.DataType.Name(int(dtype))
+
+
+def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
+    """Return (name, array) for a Tensor message; `where` names it in error messages.
+
+    Raw data is wrapped without copying (the array is read-only).
+    """
+    label = f"{where} {tensor.name!r}"
+    dtype = _decode_dtype(tensor.dtype, label)
+    shape = tuple(tensor.shape)
+    for dim in shape:
+        if dim < 0:
+            raise InvalidArgumentError(
+                f"{label}: shape {list(shape)} has a negative dimension; every dimension must be >= 0"
+            )
+    count = math.prod(shape)
+    kind = tensor.WhichOneof("data")
+    if kind is None:
+        if count != 0:
+            expected = f"{count * dtype.itemsize} bytes of raw_data" if dtype.itemsize else "raw_data"
+            raise InvalidArgumentError(
+                f"{label}: no data for shape {list(shape)} ({count} elements); "
+                f"set {expected} or contents.{CONTENTS_FIELD[dtype]}"
+            )
+        return tensor.name, np.empty(shape, dtype=dtype.numpy)
+    if kind == "raw_data":
+        return tensor.name, _decode_raw(tensor.raw_data, dtype, shape, count, label)
+    return tensor.name, _decode_contents(tensor.contents, dtype, shape, count, label)
+
+
+def _decode_dtype(value: int, label: str) -> DType:
+    try:
+        return DType(value)
+    except ValueError:
+        state = "is not set" if value == 0 else f"{value} is unknown"
+        raise InvalidArgumentError(f"{label}: dtype {state}; expected one of {_DTYPE_NAMES}") from None
+
+
+def _decode_raw(
+    raw: bytes, dtype: DType, shape: tuple[int, ...], count: int, label: str
+) -> np.ndarray:
+    if dtype is DType.STRING:
+        return _decode_raw_strings(raw, shape, count, label)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidArgumentError(
+            f"{label}: raw_data has {len(raw)} bytes, but shape {list(shape)} of "
+            f"{dtype_name(dtype)} needs {expected} ({count} elements x {dtype.itemsize} bytes)"
+        )
+    return np.frombuffer(raw, dtype=dtype.numpy, count=count).reshape(shape)
+
+
+def _decode_raw_strings(raw: bytes, shape: tuple[int, ...], count: int, label: str) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    view = memoryview(raw)
+    offset = 0
+    for i in range(count):
+        if offset + 4 > len(raw):
+            raise InvalidArgumentError(
+                f"{label}: raw_data ends inside element {i} of {count}; STRING raw_data is "
+                "a 4-byte little-endian length then the bytes, per element"
+            )
+        (length,) = _U32.unpack_from(view, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise InvalidArgumentError(
+                f"{label}: element {i} claims {length} bytes but only {len(raw) - offset} remain"
+            )
+        out[i] = bytes(view[offset : offset + length])
+        offset += length
+    if offset != len(raw):
+        raise InvalidArgumentError(
+            f"{label}: raw_data has {len(raw) - offset} bytes left over after {count} strings"
+        )
+    return out.reshape(shape)
+
+
+def _decode_contents(
+    contents: pb.TensorContents, dtype: DType, shape: tuple[int, ...], count: int, label: str
+) -> np.ndarray:
+    field = CONTENTS_FIELD[dtype]
+    for other in _CONTENTS_FIELDS:
+        if other != field and len(getattr(contents, other)):
+            raise InvalidArgumentError(
+                f"{label}: contents.{other} is set, but a {dtype_name(dtype)} tensor "
+                f"takes its values in contents.{field}"
+            )
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidArgumentError(
+            f"{label}: contents.{field} has {len(values)} values, but shape {list(shape)} "
+            f"needs {count}"
+        )
+    if dtype is DType.STRING:
+        out = np.empty(count, dtype=object)
+        out[:] = list(values)
+        return out.reshape(shape)
+    if field == "int_values":
+        wide = np.array(values, dtype=np.int64)
+        info = np.iinfo(dtype.numpy)
+        bad = np.flatnonzero((wide < info.min) | (wide > info.max))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidArgumentError(
+                f"{label}: contents.int_values[{i}] = {int(wide[i])} is out of range for "
+                f"{dtype_name(dtype)} [{info.min}, {info.max}]"
+            )
+        return wide.astype(dtype.numpy).reshape(shape)
+    return np.array(values, dtype=dtype.numpy).reshape(shape)
+
+
+def encode_tensor(name: str, array: np.ndarray, *, contents: bool = False) -> pb.Tensor:
+    """A Tensor message for an array: raw bytes by default, typed contents on request."""
+    dtype = _array_dtype(array, name)
+    tensor = pb.Tensor(name=name, dtype=int(dtype), shape=array.shape)
+    if contents:
+        _fill_contents(tensor.contents, array, dtype)
+    elif dtype is DType.STRING:
+        tensor.raw_data = encode_raw_strings(array.reshape(-1))
+    else:
+        data = np.ascontiguousarray(array, dtype=dtype.numpy)
+        tensor.raw_data = data.tobytes()
+    return tensor
+
+
+def _array_dtype(array: np.ndarray, name: str) -> DType:
+    from tensord.dtypes import from_numpy
+
+    try:
+        return from_numpy(array.dtype)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"tensor {name!r}: {exc}") from None
+
+
+def _fill_contents(contents: pb.TensorContents, array: np.ndarray, dtype: DType) -> None:
+    flat = array.reshape(-1)
+    field = getattr(contents, CONTENTS_FIELD[dtype])
+    if dtype is DType.STRING:
+        field.extend(_as_bytes(v) for v in flat)
+    elif dtype in (DType.FLOAT16, DType.BFLOAT16):
+        field.extend(flat.astype(np.float32).tolist())
+    else:
+        field.extend(flat.tolist())
+
+
+def encode_raw_strings(values: Sequence[object] | np.ndarray) -> bytes:
+    """STRING raw encoding: per element a 4-byte little-endian length, then the bytes."""
+    parts: list[bytes] = []
+    for value in values:
+        data = _as_bytes(value)
+        parts.append(_U32.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _as_bytes(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return str(value).encode("utf-8")

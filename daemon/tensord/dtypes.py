@@ -1,0 +1,100 @@
+"""Element types: one enum shared by the codec, the signatures and the backends."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class DType(enum.IntEnum):
+    """Element types; the values equal the contract's DataType numbers."""
+
+    BOOL = 1
+    UINT8 = 2
+    INT8 = 3
+    INT16 = 4
+    INT32 = 5
+    INT64 = 6
+    FLOAT16 = 7
+    BFLOAT16 = 8
+    FLOAT32 = 9
+    FLOAT64 = 10
+    STRING = 11
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The little-endian NumPy dtype that holds this type's elements."""
+        return _NUMPY[self]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element in raw encoding (0 for STRING, which is variable)."""
+        return 0 if self is DType.STRING else _NUMPY[self].itemsize
+
+
+def _bfloat16_dtype() -> np.dtype:
+    # NumPy has no bfloat16; ml_dtypes (a dependency of onnx) provides the standard one.
+    try:
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    except ImportError:  # pragma: no cover - onnx depends on ml_dtypes
+        return np.dtype("<u2")
+
+
+_NUMPY: dict[DType, np.dtype] = {
+    DType.BOOL: np.dtype(np.bool_),
+    DType.UINT8: np.dtype("u1"),
+    DType.INT8: np.dtype("i1"),
+    DType.INT16: np.dtype("<i2"),
+    DType.INT32: np.dtype("<i4"),
+    DType.INT64: np.dtype("<i8"),
+    DType.FLOAT16: np.dtype("<f2"),
+    DType.BFLOAT16: _bfloat16_dtype(),
+    DType.FLOAT32: np.dtype("<f4"),
+    DType.FLOAT64: np.dtype("<f8"),
+    DType.STRING: np.dtype(object),
+}
+
+# ONNX Runtime describes types as "tensor(float)" and so on.
+_ORT_NAMES: dict[str, DType] = {
+    "tensor(bool)": DType.BOOL,
+    "tensor(uint8)": DType.UINT8,
+    "tensor(int8)": DType.INT8,
+    "tensor(int16)": DType.INT16,
+    "tensor(int32)": DType.INT32,
+    "tensor(int64)": DType.INT64,
+    "tensor(float16)": DType.FLOAT16,
+    "tensor(bfloat16)": DType.BFLOAT16,
+    "tensor(float)": DType.FLOAT32,
+    "tensor(double)": DType.FLOAT64,
+    "tensor(string)": DType.STRING,
+}
+
+
+def from_ort_type(type_name: str) -> DType | None:
+    """The DType for an ONNX Runtime type string, or None when tensord cannot carry it."""
+    return _ORT_NAMES.get(type_name)
+
+
+def from_numpy(dtype: np.dtype) -> DType:
+    """The DType for a NumPy dtype; raises ValueError for types the contract lacks."""
+    if dtype.kind in ("U", "S", "O"):
+        return DType.STRING
+    for member, np_dtype in _NUMPY.items():
+        if member is not DType.STRING and np_dtype == dtype.newbyteorder("<"):
+            return member
+    raise ValueError(f"NumPy dtype {dtype} has no tensord DataType")
+
+
+def parse(name: str) -> DType:
+    """A DType from a config spelling: 'float32', 'FLOAT32' or 'DATA_TYPE_FLOAT32'."""
+    key = name.upper().removeprefix("DATA_TYPE_")
+    aliases = {"FLOAT": "FLOAT32", "DOUBLE": "FLOAT64", "HALF": "FLOAT16", "BF16": "BFLOAT16"}
+    key = aliases.get(key, key)
+    try:
+        return DType[key]
+    except KeyError:
+        names = ", ".join(m.name.lower() for m in DType)
+        raise ValueError(f"unknown dtype {name!r}; expected one of {names}") from None

@@ -1,0 +1,74 @@
+"""Errors that carry their gRPC status, so every layer raises and one place maps them.
+
+The mapping follows the error table in the README: each class names one situation.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class TensordError(Exception):
+    """Base class: an error with the gRPC status a client should see."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFoundError(TensordError):
+    """Unknown model or version."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class InvalidArgumentError(TensordError):
+    """Bad tensor name, dtype, shape or byte length; bad parameter."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class UnavailableError(TensordError):
+    """Model loading, draining or unloaded; server draining."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhaustedError(TensordError):
+    """Queue full, rate limit, message too large."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceededError(TensordError):
+    """The client's deadline passed while the request waited or ran."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class FailedPreconditionError(TensordError):
+    """An RPC the model cannot do, such as Generate on a model that is not a generator."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class UnimplementedError(TensordError):
+    """An RPC that is not built yet."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class InternalError(TensordError):
+    """A backend or device failure; logged with the request id, the daemon stays up."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message is the reason shown in Health and Info."""
+
+
+class ConfigError(Exception):
+    """A configuration file or value is invalid; the message names the field."""

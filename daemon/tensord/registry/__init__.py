@@ -1,0 +1,1 @@
+"""The model repository on disk and the registry of loaded model versions."""

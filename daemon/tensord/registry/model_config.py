@@ -1,0 +1,110 @@
+"""`model.toml`: the settings of one model directory, validated when it is loaded."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tensord import dtypes
+from tensord.backends.providers import normalise_provider
+from tensord.config import format_validation_error
+from tensord.errors import ModelLoadError
+
+MODEL_TOML = "model.toml"
+
+
+class TensorOverride(BaseModel):
+    """Narrows one input or output of the model's own signature."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """The tensor's name in the model."""
+    dtype: str | None = None
+    """Must equal the model's dtype when given (documents the contract)."""
+    shape: list[int] | None = None
+    """Same rank as the model; -1 keeps a dimension dynamic, a number fixes it."""
+
+    @field_validator("dtype")
+    @classmethod
+    def _check_dtype(cls, value: str | None) -> str | None:
+        if value is not None:
+            dtypes.parse(value)
+        return value
+
+    @field_validator("shape")
+    @classmethod
+    def _check_shape(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(d < -1 for d in value):
+            raise ValueError(f"dimensions must be -1 (dynamic) or >= 0, got {value}")
+        return value
+
+
+class ModelConfig(BaseModel):
+    """One model's settings. Every key is optional; the directory name is the default name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    """The served name; defaults to the directory name."""
+    backend: Literal["onnxruntime"] = "onnxruntime"
+    """The backend that runs the model."""
+    model_file: str = "model.onnx"
+    """The model file inside each version directory."""
+    versions: list[int] = Field(default_factory=list)
+    """Version directories to serve; empty serves every numbered directory."""
+    preferred_provider: str | None = None
+    """An execution provider to try first, when this host has it (e.g. "cuda")."""
+    providers: list[str] = Field(default_factory=list)
+    """Provider order; empty means TensorRT > CUDA > ROCm > CoreML > DirectML > OpenVINO > CPU."""
+    intra_op_threads: int = Field(default=1, ge=0)
+    """Threads one run may use inside an operator; 0 lets ONNX Runtime use every core."""
+    inter_op_threads: int = Field(default=1, ge=0)
+    """Threads for running independent operators in parallel; 0 is ONNX Runtime's default."""
+    allow_spinning: bool = False
+    """Let ONNX Runtime's threads spin while idle (fast when cores are free, collapses under
+    contention)."""
+    instance_count: int = Field(default=2, ge=1)
+    """Runs of this model that may execute at the same time."""
+    max_batch_size: int = Field(default=0, ge=0)
+    """Largest first (batch) dimension per request; 0 means the model does not batch."""
+    warmup: bool = True
+    """Run the model once before it reports READY."""
+    inputs: list[TensorOverride] = Field(default_factory=list)
+    """Overrides for inputs."""
+    outputs: list[TensorOverride] = Field(default_factory=list)
+    """Overrides for outputs."""
+
+    @field_validator("versions")
+    @classmethod
+    def _check_versions(cls, value: list[int]) -> list[int]:
+        if any(v < 1 for v in value):
+            raise ValueError(f"versions are numbered from 1, got {value}")
+        return sorted(set(value))
+
+    @field_validator("preferred_provider")
+    @classmethod
+    def _check_preferred(cls, value: str | None) -> str | None:
+        return None if value is None else normalise_provider(value)
+
+    @field_validator("providers")
+    @classmethod
+    def _check_providers(cls, value: list[str]) -> list[str]:
+        return [normalise_provider(v) for v in value]
+
+
+def read_model_config(model_dir: Path) -> ModelConfig:
+    """The directory's model.toml, or the defaults when it has none."""
+    path = model_dir / MODEL_TOML
+    if not path.exists():
+        return ModelConfig()
+    try:
+        data = tomllib.loads(path.read_text())
+        return ModelConfig.model_validate(data)
+    except tomllib.TOMLDecodeError as exc:
+        raise ModelLoadError(f"{path}: not valid TOML: {exc}") from None
+    except ValidationError as exc:
+        raise ModelLoadError(format_validation_error(exc, str(path))) from None

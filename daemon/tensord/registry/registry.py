@@ -1,0 +1,197 @@
+"""The registry: every model version, its state, and the runner that serves it."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+from tensord.backends.base import Backend, BackendPlacement, TensorSpec
+from tensord.dtypes import DType
+from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
+from tensord.predict.runner import ModelRunner
+from tensord.registry.model_config import ModelConfig
+from tensord.registry.repository import VersionSource, scan_repository
+from tensord.registry.signature import apply_overrides, check_batching
+
+log = structlog.get_logger("tensord.registry")
+
+
+class ModelState(enum.IntEnum):
+    """Lifecycle of a model version; the values equal the contract's ModelState."""
+
+    LOADING = 1
+    READY = 2
+    FAILED = 3
+    UNLOADING = 4
+
+
+@dataclass(slots=True)
+class ModelVersion:
+    """One served model version and everything the data plane needs to run it."""
+
+    name: str
+    version: int
+    path: Path
+    config: ModelConfig
+    state: ModelState = ModelState.LOADING
+    reason: str = ""
+    inputs: list[TensorSpec] = field(default_factory=list)
+    outputs: list[TensorSpec] = field(default_factory=list)
+    placement: BackendPlacement | None = None
+    load_time_s: float = 0.0
+    runner: ModelRunner | None = None
+    backend: Backend | None = None
+
+
+BackendFactory = Callable[[Path, ModelConfig], Backend]
+
+
+def default_backend_factory(path: Path, config: ModelConfig) -> Backend:
+    """The backend named in model.toml."""
+    from tensord.backends.onnxruntime import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend(path, config)
+
+
+class ModelRegistry:
+    """Loads a repository and answers which version serves a request."""
+
+    def __init__(
+        self,
+        repository: Path,
+        backend_factory: BackendFactory = default_backend_factory,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.repository = repository
+        self._factory = backend_factory
+        self._on_change = on_change or (lambda: None)
+        self._models: dict[str, dict[int, ModelVersion]] = {}
+
+    def versions(self) -> list[ModelVersion]:
+        """Every model version, by name then version."""
+        return [mv for name in sorted(self._models) for _, mv in sorted(self._models[name].items())]
+
+    def names(self) -> list[str]:
+        """Model names."""
+        return sorted(self._models)
+
+    async def load_all(self) -> None:
+        """Scan the repository and load every version concurrently on worker threads."""
+        sources = await asyncio.to_thread(scan_repository, self.repository)
+        for src in sources:
+            entry = ModelVersion(src.name, src.version, src.path, src.config)
+            self._models.setdefault(src.name, {})[src.version] = entry
+        self._on_change()
+        await asyncio.gather(*(self._load(src) for src in sources))
+
+    async def _load(self, src: VersionSource) -> None:
+        entry = self._models[src.name][src.version]
+        start = time.monotonic()
+        try:
+            if src.error:
+                raise ModelLoadError(src.error)
+            await asyncio.to_thread(self._load_blocking, entry)
+        except ModelLoadError as exc:
+            entry.state, entry.reason = ModelState.FAILED, str(exc)
+        except Exception as exc:  # a model must never take the daemon down
+            entry.state, entry.reason = ModelState.FAILED, f"unexpected load error: {exc!r}"
+        else:
+            entry.state = ModelState.READY
+        entry.load_time_s = time.monotonic() - start
+        self._log_loaded(entry)
+        self._on_change()
+
+    def _load_blocking(self, entry: ModelVersion) -> None:
+        backend = self._factory(entry.path, entry.config)
+        try:
+            entry.inputs = apply_overrides(backend.inputs, entry.config.inputs, "inputs")
+            entry.outputs = apply_overrides(backend.outputs, entry.config.outputs, "outputs")
+            check_batching(entry.config, [*entry.inputs, *entry.outputs])
+            runner = ModelRunner(entry.name, backend, entry.config.instance_count)
+            if entry.config.warmup:
+                _warm_up(runner, entry)
+        except BaseException:
+            backend.close()
+            raise
+        entry.backend, entry.runner, entry.placement = backend, runner, backend.placement
+
+    @staticmethod
+    def _log_loaded(entry: ModelVersion) -> None:
+        fields = {"model": entry.name, "version": entry.version, "load_ms": round(entry.load_time_s * 1e3, 1)}
+        if entry.state is ModelState.READY and entry.placement is not None:
+            p = entry.placement
+            log.info(
+                "model.loaded", **fields, backend=p.backend, provider=p.provider,
+                executor=p.executor, provider_reason=p.provider_reason,
+            )
+        else:
+            log.error("model.failed", **fields, reason=entry.reason)
+
+    def get_versions(self, name: str) -> list[ModelVersion]:
+        """Every version of one model; NOT_FOUND for an unknown name."""
+        versions = self._models.get(name)
+        if versions is None:
+            known = ", ".join(self.names()) or "none"
+            raise NotFoundError(f"model {name!r} not found; models: {known}")
+        return [mv for _, mv in sorted(versions.items())]
+
+    def get(self, name: str, version: int = 0) -> ModelVersion:
+        """The version to serve; NOT_FOUND for unknown names/versions, UNAVAILABLE if not ready."""
+        self.get_versions(name)
+        versions = self._models[name]
+        if version:
+            entry = versions.get(version)
+            if entry is None:
+                raise NotFoundError(
+                    f"model {name!r} has no version {version}; versions: "
+                    f"{', '.join(str(v) for v in sorted(versions))} (0 means the newest ready)"
+                )
+            if entry.state is not ModelState.READY:
+                raise UnavailableError(_not_ready(entry))
+            return entry
+        ready = [mv for v, mv in sorted(versions.items()) if mv.state is ModelState.READY]
+        if not ready:
+            raise UnavailableError(_not_ready(versions[max(versions)]))
+        return ready[-1]
+
+    async def close(self) -> None:
+        """Mark every version UNLOADING, then free the backends."""
+        for entry in self.versions():
+            entry.state = ModelState.UNLOADING
+        self._on_change()
+        for entry in self.versions():
+            if entry.runner is not None:
+                entry.runner.close()
+            if entry.backend is not None:
+                entry.backend.close()
+
+
+def _not_ready(entry: ModelVersion) -> str:
+    state = entry.state.name
+    detail = f": {entry.reason}" if entry.reason else ""
+    return f"model {entry.name!r} version {entry.version} is {state}{detail}"
+
+
+def _warm_up(runner: ModelRunner, entry: ModelVersion) -> None:
+    """One run on zeros (batch 1, dynamic dims 1) so the first request pays no lazy set-up."""
+    feeds = {}
+    for spec in entry.inputs:
+        shape = tuple(1 if d == -1 else d for d in spec.shape)
+        if spec.dtype is DType.STRING:
+            feeds[spec.name] = np.full(shape, "", dtype=object)
+        else:
+            feeds[spec.name] = np.zeros(shape, dtype=spec.dtype.numpy)
+    try:
+        runner.run_blocking(feeds, [spec.name for spec in entry.outputs])
+    except Exception as exc:
+        raise ModelLoadError(
+            f"warm-up run on zeros failed: {exc}; set warmup = false in model.toml if the "
+            "model cannot run on zeros"
+        ) from None

@@ -1,0 +1,71 @@
+"""Scanning a model repository directory: one subdirectory per model, numbered versions.
+
+    repository/
+      mlp/
+        model.toml          optional settings
+        1/model.onnx        version 1
+        2/model.onnx        version 2
+      tiny/model.onnx       no version directories: served as version 1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tensord.errors import ModelLoadError
+from tensord.registry.model_config import ModelConfig, read_model_config
+
+
+@dataclass(slots=True, frozen=True)
+class VersionSource:
+    """One model version found on disk, or the reason it cannot be served."""
+
+    name: str
+    version: int
+    path: Path
+    config: ModelConfig
+    error: str = ""
+
+
+def scan_repository(root: Path) -> list[VersionSource]:
+    """Every model version under `root`, sorted by name then version.
+
+    A broken model directory yields entries that carry its error, so it is reported
+    as FAILED while the others load.
+    """
+    if not root.is_dir():
+        raise ModelLoadError(f"model repository {root} is not a directory")
+    found: list[VersionSource] = []
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        found.extend(_scan_model(model_dir))
+    return found
+
+
+def _scan_model(model_dir: Path) -> list[VersionSource]:
+    try:
+        config = read_model_config(model_dir)
+    except ModelLoadError as exc:
+        return [VersionSource(model_dir.name, 1, model_dir, ModelConfig(), str(exc))]
+    name = config.name or model_dir.name
+    on_disk = {int(p.name): p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()}
+    if not on_disk and (model_dir / config.model_file).exists():
+        on_disk = {1: model_dir}
+    wanted = config.versions or sorted(on_disk)
+    if not wanted:
+        reason = (
+            f"{model_dir}: no version directories (1/, 2/, ...) holding {config.model_file}, "
+            f"and no {config.model_file} beside model.toml"
+        )
+        return [VersionSource(name, 1, model_dir, config, reason)]
+    sources = []
+    for version in wanted:
+        directory = on_disk.get(version)
+        if directory is None:
+            reason = f"{model_dir}: model.toml lists version {version}, but {model_dir / str(version)} does not exist"
+            sources.append(VersionSource(name, version, model_dir / str(version), config, reason))
+            continue
+        path = directory / config.model_file
+        error = "" if path.is_file() else f"{path} does not exist"
+        sources.append(VersionSource(name, version, path, config, error))
+    return sources

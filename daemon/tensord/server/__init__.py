@@ -1,0 +1,1 @@
+"""The gRPC server: a thin servicer, converters, health, reflection and lifecycle."""

@@ -1,0 +1,115 @@
+"""Per-call plumbing shared by every RPC: request ids, error mapping, access logs.
+
+One decorator per RPC shape keeps the servicer at three lines a method: errors carry
+their own status (tensord.errors) and are mapped here, and only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from tensord.errors import TensordError
+
+log = structlog.get_logger("tensord.request")
+
+REQUEST_ID = "x-request-id"
+_MAX_ID_LENGTH = 128
+# Failures that are the caller's doing are routine; they are logged at info, not error.
+_CLIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAVAILABLE,
+    }
+)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Ctx = grpc.aio.ServicerContext
+
+
+def request_id(context: Ctx) -> str:
+    """The caller's x-request-id when it is sane (printable, <= 128 chars), else a new one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID and isinstance(value, str):
+            if 0 < len(value) <= _MAX_ID_LENGTH and value.isprintable():
+                return value
+            break
+    return uuid.uuid4().hex
+
+
+async def _fail(context: Ctx, rid: str, rpc: str, start: float, exc: BaseException) -> None:
+    """Log a failure once and end the call with its status; the id rides in the trailers."""
+    total_ms = round((time.perf_counter() - start) * 1e3, 3)
+    trailers = ((REQUEST_ID, rid),)
+    if isinstance(exc, TensordError):
+        code, message = exc.code, exc.message
+        if code in _CLIENT_CODES:
+            log.info("request.rejected", request_id=rid, rpc=rpc, status=code.name, error=message, total_ms=total_ms)
+        else:
+            log.error("request.failed", request_id=rid, rpc=rpc, status=code.name, error=message,
+                      total_ms=total_ms, exc_info=exc)
+    else:
+        code = grpc.StatusCode.INTERNAL
+        message = f"internal error; the server log has the details under request id {rid}"
+        log.error("request.failed", request_id=rid, rpc=rpc, status=code.name, error=repr(exc),
+                  total_ms=total_ms, exc_info=exc)
+    await context.abort(code, message, trailing_metadata=trailers)
+
+
+def unary_rpc(
+    method: Callable[[Any, Req, Ctx, str], Awaitable[Resp]],
+) -> Callable[[Any, Req, Ctx], Awaitable[Resp]]:
+    """Wrap a unary handler `(self, request, context, request_id) -> response`."""
+    rpc = method.__name__
+
+    @functools.wraps(method)
+    async def handler(self: Any, request: Req, context: Ctx) -> Resp:
+        start = time.perf_counter()
+        rid = request_id(context)
+        context.set_trailing_metadata(((REQUEST_ID, rid),))
+        try:
+            return await method(self, request, context, rid)
+        except asyncio.CancelledError:
+            log.info("request.cancelled", request_id=rid, rpc=rpc)
+            raise
+        except Exception as exc:
+            await _fail(context, rid, rpc, start, exc)
+            raise AssertionError("unreachable: abort raises") from exc
+
+    return handler
+
+
+def stream_rpc(
+    method: Callable[[Any, Req, Ctx, str], AsyncIterator[Resp]],
+) -> Callable[[Any, Req, Ctx], AsyncIterator[Resp]]:
+    """Wrap a server-streaming handler; chunks already sent stay valid on failure."""
+    rpc = method.__name__
+
+    @functools.wraps(method)
+    async def handler(self: Any, request: Req, context: Ctx) -> AsyncIterator[Resp]:
+        start = time.perf_counter()
+        rid = request_id(context)
+        context.set_trailing_metadata(((REQUEST_ID, rid),))
+        try:
+            async for item in method(self, request, context, rid):
+                yield item
+        except (asyncio.CancelledError, GeneratorExit):
+            log.info("request.cancelled", request_id=rid, rpc=rpc)
+            raise
+        except Exception as exc:
+            await _fail(context, rid, rpc, start, exc)
+
+    return handler

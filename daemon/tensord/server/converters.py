@@ -1,0 +1,100 @@
+"""Protobuf to domain types and back. No logic beyond the mapping lives here."""
+
+from __future__ import annotations
+
+import time
+
+from tensord.codec import encode_tensor
+from tensord.codec import decode_tensor
+from tensord.dataplane import HealthReport, PredictCall, PredictResult, ServerInfo
+from tensord.registry.registry import ModelVersion
+from tensord.v1 import inference_pb2 as pb
+
+
+def predict_call(request: pb.PredictRequest, time_remaining: float | None) -> PredictCall:
+    """Decode a PredictRequest; `time_remaining` is the client's deadline in seconds."""
+    inputs = [decode_tensor(t, f"inputs[{i}]") for i, t in enumerate(request.inputs)]
+    deadline = None if time_remaining is None else time.monotonic() + time_remaining
+    return PredictCall(request.model, request.version, inputs, list(request.output_names), deadline)
+
+
+def predict_response(
+    result: PredictResult, encoding: pb.TensorEncoding.ValueType, total_us: int
+) -> pb.PredictResponse:
+    """Encode a PredictResult, raw bytes unless typed contents were asked for."""
+    contents = encoding == pb.TENSOR_ENCODING_CONTENTS
+    return pb.PredictResponse(
+        model=result.model,
+        version=result.version,
+        outputs=[encode_tensor(name, array, contents=contents) for name, array in result.outputs],
+        timing=pb.Timing(
+            queue_us=int(result.queue_s * 1e6),
+            compute_us=int(result.compute_s * 1e6),
+            total_us=total_us,
+        ),
+    )
+
+
+def health_response(report: HealthReport) -> pb.HealthResponse:
+    """Encode a HealthReport."""
+    status = pb.SERVING_STATUS_SERVING if report.serving else pb.SERVING_STATUS_NOT_SERVING
+    return pb.HealthResponse(
+        status=status,
+        models=[
+            pb.ModelHealth(name=mv.name, version=mv.version, state=int(mv.state), reason=mv.reason)
+            for mv in report.models
+        ],
+    )
+
+
+def _spec(spec) -> pb.TensorSpec:  # type: ignore[no-untyped-def]
+    return pb.TensorSpec(name=spec.name, dtype=int(spec.dtype), shape=spec.shape)
+
+
+def model_info(mv: ModelVersion) -> pb.ModelInfo:
+    """Encode one model version for Info."""
+    info = pb.ModelInfo(
+        name=mv.name,
+        version=mv.version,
+        state=int(mv.state),
+        reason=mv.reason,
+        backend=mv.config.backend,
+        inputs=[_spec(s) for s in mv.inputs],
+        outputs=[_spec(s) for s in mv.outputs],
+        max_batch_size=mv.config.max_batch_size,
+        load_time_ms=mv.load_time_s * 1e3,
+        kind="predict",
+    )
+    if mv.placement is not None:
+        info.provider = mv.placement.provider
+        info.provider_reason = mv.placement.provider_reason
+        info.requested_providers.extend(mv.placement.requested_providers)
+        info.executor = mv.placement.executor
+    return info
+
+
+def info_response(info: ServerInfo) -> pb.InfoResponse:
+    """Encode ServerInfo."""
+    return pb.InfoResponse(
+        server_version=info.version,
+        runtime=pb.RuntimeVersions(**info.runtime),
+        cpu=pb.CpuInfo(
+            model=info.cpu.model,
+            architecture=info.cpu.architecture,
+            logical_cores=info.cpu.logical_cores,
+        ),
+        gpus=[
+            pb.GpuInfo(
+                index=g.index,
+                name=g.name,
+                total_memory_bytes=g.total_memory_bytes,
+                compute_capability=g.compute_capability,
+            )
+            for g in info.gpu.gpus
+        ],
+        gpu_unavailable_reason=info.gpu.unavailable_reason,
+        cuda_driver_version=info.gpu.driver_version,
+        cuda_runtime_version=info.gpu.runtime_version,
+        available_providers=info.available_providers,
+        models=[model_info(mv) for mv in info.models],
+    )

@@ -1,0 +1,355 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DATA_TYPE_UNSPECIFIED: _ClassVar[DataType]
+    DATA_TYPE_BOOL: _ClassVar[DataType]
+    DATA_TYPE_UINT8: _ClassVar[DataType]
+    DATA_TYPE_INT8: _ClassVar[DataType]
+    DATA_TYPE_INT16: _ClassVar[DataType]
+    DATA_TYPE_INT32: _ClassVar[DataType]
+    DATA_TYPE_INT64: _ClassVar[DataType]
+    DATA_TYPE_FLOAT16: _ClassVar[DataType]
+    DATA_TYPE_BFLOAT16: _ClassVar[DataType]
+    DATA_TYPE_FLOAT32: _ClassVar[DataType]
+    DATA_TYPE_FLOAT64: _ClassVar[DataType]
+    DATA_TYPE_STRING: _ClassVar[DataType]
+
+class TensorEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TENSOR_ENCODING_UNSPECIFIED: _ClassVar[TensorEncoding]
+    TENSOR_ENCODING_RAW: _ClassVar[TensorEncoding]
+    TENSOR_ENCODING_CONTENTS: _ClassVar[TensorEncoding]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_STOP: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+
+class ServingStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVING_STATUS_UNSPECIFIED: _ClassVar[ServingStatus]
+    SERVING_STATUS_SERVING: _ClassVar[ServingStatus]
+    SERVING_STATUS_NOT_SERVING: _ClassVar[ServingStatus]
+
+class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODEL_STATE_UNSPECIFIED: _ClassVar[ModelState]
+    MODEL_STATE_LOADING: _ClassVar[ModelState]
+    MODEL_STATE_READY: _ClassVar[ModelState]
+    MODEL_STATE_FAILED: _ClassVar[ModelState]
+    MODEL_STATE_UNLOADING: _ClassVar[ModelState]
+DATA_TYPE_UNSPECIFIED: DataType
+DATA_TYPE_BOOL: DataType
+DATA_TYPE_UINT8: DataType
+DATA_TYPE_INT8: DataType
+DATA_TYPE_INT16: DataType
+DATA_TYPE_INT32: DataType
+DATA_TYPE_INT64: DataType
+DATA_TYPE_FLOAT16: DataType
+DATA_TYPE_BFLOAT16: DataType
+DATA_TYPE_FLOAT32: DataType
+DATA_TYPE_FLOAT64: DataType
+DATA_TYPE_STRING: DataType
+TENSOR_ENCODING_UNSPECIFIED: TensorEncoding
+TENSOR_ENCODING_RAW: TensorEncoding
+TENSOR_ENCODING_CONTENTS: TensorEncoding
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_STOP: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+SERVING_STATUS_UNSPECIFIED: ServingStatus
+SERVING_STATUS_SERVING: ServingStatus
+SERVING_STATUS_NOT_SERVING: ServingStatus
+MODEL_STATE_UNSPECIFIED: ModelState
+MODEL_STATE_LOADING: ModelState
+MODEL_STATE_READY: ModelState
+MODEL_STATE_FAILED: ModelState
+MODEL_STATE_UNLOADING: ModelState
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "raw_data", "contents")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    RAW_DATA_FIELD_NUMBER: _ClassVar[int]
+    CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DataType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    raw_data: bytes
+    contents: TensorContents
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., raw_data: _Optional[bytes] = ..., contents: _Optional[_Union[TensorContents, _Mapping]] = ...) -> None: ...
+
+class TensorContents(_message.Message):
+    __slots__ = ("bool_values", "int_values", "int64_values", "float_values", "double_values", "bytes_values")
+    BOOL_VALUES_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUES_FIELD_NUMBER: _ClassVar[int]
+    INT64_VALUES_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VALUES_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_VALUES_FIELD_NUMBER: _ClassVar[int]
+    bool_values: _containers.RepeatedScalarFieldContainer[bool]
+    int_values: _containers.RepeatedScalarFieldContainer[int]
+    int64_values: _containers.RepeatedScalarFieldContainer[int]
+    float_values: _containers.RepeatedScalarFieldContainer[float]
+    double_values: _containers.RepeatedScalarFieldContainer[float]
+    bytes_values: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, bool_values: _Optional[_Iterable[bool]] = ..., int_values: _Optional[_Iterable[int]] = ..., int64_values: _Optional[_Iterable[int]] = ..., float_values: _Optional[_Iterable[float]] = ..., double_values: _Optional[_Iterable[float]] = ..., bytes_values: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PredictRequest(_message.Message):
+    __slots__ = ("model", "version", "inputs", "output_names", "output_encoding")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_NAMES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_ENCODING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    inputs: _containers.RepeatedCompositeFieldContainer[Tensor]
+    output_names: _containers.RepeatedScalarFieldContainer[str]
+    output_encoding: TensorEncoding
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., inputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., output_names: _Optional[_Iterable[str]] = ..., output_encoding: _Optional[_Union[TensorEncoding, str]] = ...) -> None: ...
+
+class PredictResponse(_message.Message):
+    __slots__ = ("model", "version", "outputs", "timing")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    outputs: _containers.RepeatedCompositeFieldContainer[Tensor]
+    timing: Timing
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("queue_us", "compute_us", "total_us")
+    QUEUE_US_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_US_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_US_FIELD_NUMBER: _ClassVar[int]
+    queue_us: int
+    compute_us: int
+    total_us: int
+    def __init__(self, queue_us: _Optional[int] = ..., compute_us: _Optional[int] = ..., total_us: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("model", "version", "prompt", "prompt_token_ids", "sampling")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    prompt: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingParams
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    seed: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    logprobs: int
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("index", "token_ids", "text", "logprobs", "finish_reason", "usage")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    finish_reason: FinishReason
+    usage: Usage
+    def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob", "top")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+
+class TopLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "time_to_first_token_ms", "mean_inter_token_ms")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIME_TO_FIRST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_INTER_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    time_to_first_token_ms: float
+    mean_inter_token_ms: float
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., time_to_first_token_ms: _Optional[float] = ..., mean_inter_token_ms: _Optional[float] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class HealthResponse(_message.Message):
+    __slots__ = ("status", "models")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    status: ServingStatus
+    models: _containers.RepeatedCompositeFieldContainer[ModelHealth]
+    def __init__(self, status: _Optional[_Union[ServingStatus, str]] = ..., models: _Optional[_Iterable[_Union[ModelHealth, _Mapping]]] = ...) -> None: ...
+
+class ModelHealth(_message.Message):
+    __slots__ = ("name", "version", "state", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    state: ModelState
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("server_version", "runtime", "cpu", "gpus", "gpu_unavailable_reason", "available_providers", "models", "cuda_driver_version", "cuda_runtime_version")
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CUDA_RUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    runtime: RuntimeVersions
+    cpu: CpuInfo
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    gpu_unavailable_reason: str
+    available_providers: _containers.RepeatedScalarFieldContainer[str]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    cuda_driver_version: str
+    cuda_runtime_version: str
+    def __init__(self, server_version: _Optional[str] = ..., runtime: _Optional[_Union[RuntimeVersions, _Mapping]] = ..., cpu: _Optional[_Union[CpuInfo, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpu_unavailable_reason: _Optional[str] = ..., available_providers: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., cuda_driver_version: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ...) -> None: ...
+
+class RuntimeVersions(_message.Message):
+    __slots__ = ("python", "onnxruntime", "grpcio", "protobuf", "numpy")
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    ONNXRUNTIME_FIELD_NUMBER: _ClassVar[int]
+    GRPCIO_FIELD_NUMBER: _ClassVar[int]
+    PROTOBUF_FIELD_NUMBER: _ClassVar[int]
+    NUMPY_FIELD_NUMBER: _ClassVar[int]
+    python: str
+    onnxruntime: str
+    grpcio: str
+    protobuf: str
+    numpy: str
+    def __init__(self, python: _Optional[str] = ..., onnxruntime: _Optional[str] = ..., grpcio: _Optional[str] = ..., protobuf: _Optional[str] = ..., numpy: _Optional[str] = ...) -> None: ...
+
+class CpuInfo(_message.Message):
+    __slots__ = ("model", "architecture", "logical_cores")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_CORES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    architecture: str
+    logical_cores: int
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., logical_cores: _Optional[int] = ...) -> None: ...
+
+class GpuInfo(_message.Message):
+    __slots__ = ("index", "name", "total_memory_bytes", "compute_capability")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    name: str
+    total_memory_bytes: int
+    compute_capability: str
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., compute_capability: _Optional[str] = ...) -> None: ...
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DataType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "version", "state", "reason", "backend", "provider", "provider_reason", "requested_providers", "executor", "inputs", "outputs", "max_batch_size", "load_time_ms", "kind")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    state: ModelState
+    reason: str
+    backend: str
+    provider: str
+    provider_reason: str
+    requested_providers: _containers.RepeatedScalarFieldContainer[str]
+    executor: str
+    inputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    outputs: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    max_batch_size: int
+    load_time_ms: float
+    kind: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
