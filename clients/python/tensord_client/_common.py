@@ -1,0 +1,120 @@
+"""What the sync and asyncio clients share: channel set-up, request building, decoding."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from tensord.codec import decode_tensor, encode_tensor
+from tensord.v1 import inference_pb2 as pb
+
+SERVICE = "tensord.v1.InferenceService"
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+
+@dataclass(slots=True, frozen=True)
+class TLSOptions:
+    """TLS for the channel; give a client certificate and key for mutual TLS.
+
+    Each value is PEM bytes or a path to a PEM file.
+    """
+
+    root_certificates: bytes | str | Path | None = None
+    certificate_chain: bytes | str | Path | None = None
+    private_key: bytes | str | Path | None = None
+    server_name_override: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """gRPC channel credentials from these options."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=_pem(self.root_certificates),
+            private_key=_pem(self.private_key),
+            certificate_chain=_pem(self.certificate_chain),
+        )
+
+
+def _pem(value: bytes | str | Path | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return Path(value).read_bytes()
+
+
+def channel_options(
+    retries: int, tls: TLSOptions | None, extra: Iterable[tuple[str, object]]
+) -> list[tuple[str, object]]:
+    """Channel options: gRPC's own retry policy on UNAVAILABLE, message limits, TLS override."""
+    options: list[tuple[str, object]] = [
+        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ]
+    if retries > 0:
+        policy = {
+            "methodConfig": [
+                {
+                    "name": [{"service": SERVICE}],
+                    "retryPolicy": {
+                        "maxAttempts": min(retries + 1, 5),
+                        "initialBackoff": "0.1s",
+                        "maxBackoff": "2s",
+                        "backoffMultiplier": 2,
+                        "retryableStatusCodes": ["UNAVAILABLE"],
+                    },
+                }
+            ]
+        }
+        options += [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(policy))]
+    else:
+        options.append(("grpc.enable_retries", 0))
+    if tls is not None and tls.server_name_override:
+        options.append(("grpc.ssl_target_name_override", tls.server_name_override))
+    options.extend(extra)
+    return options
+
+
+def predict_request(
+    model: str,
+    inputs: Mapping[str, np.ndarray],
+    version: int,
+    outputs: Iterable[str] | None,
+    typed: bool,
+) -> pb.PredictRequest:
+    """A PredictRequest; raw bytes by default, typed contents with typed=True."""
+    return pb.PredictRequest(
+        model=model,
+        version=version,
+        inputs=[encode_tensor(name, np.asarray(array), contents=typed) for name, array in inputs.items()],
+        output_names=list(outputs or ()),
+    )
+
+
+def predict_outputs(response: pb.PredictResponse) -> dict[str, np.ndarray]:
+    """The response's tensors as arrays, by name."""
+    return dict(decode_tensor(t, "outputs") for t in response.outputs)
+
+
+def generate_request(
+    model: str,
+    prompt: str | None,
+    token_ids: Iterable[int] | None,
+    version: int,
+    sampling: Mapping[str, object],
+) -> pb.GenerateRequest:
+    """A GenerateRequest; sampling keys are SamplingParams field names, None means unset."""
+    params = pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None})
+    return pb.GenerateRequest(
+        model=model,
+        version=version,
+        prompt=prompt or "",
+        prompt_token_ids=list(token_ids or ()),
+        sampling=params,
+    )
+
+
+def metadata(request_id: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying an x-request-id when one is given."""
+    return (("x-request-id", request_id),) if request_id else ()

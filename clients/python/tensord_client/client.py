@@ -1,0 +1,124 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from types import TracebackType
+
+import grpc
+import numpy as np
+
+from tensord.v1 import inference_pb2 as pb
+from tensord.v1 import inference_pb2_grpc as pb_grpc
+from tensord_client._common import (
+    DEFAULT_TARGET,
+    TLSOptions,
+    channel_options,
+    generate_request,
+    metadata,
+    predict_outputs,
+    predict_request,
+)
+
+
+class Client:
+    """A connection to one tensord (or a load-balanced target list).
+
+    `timeout` is the default deadline in seconds for each call (None: no deadline).
+    Calls that fail with UNAVAILABLE are retried up to `retries` times by gRPC itself.
+    Errors surface as grpc.RpcError with the server's status code and message.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        timeout: float | None = 30.0,
+        tls: TLSOptions | None = None,
+        retries: int = 3,
+        options: Iterable[tuple[str, object]] = (),
+    ) -> None:
+        opts = channel_options(retries, tls, options)
+        self._channel = (
+            grpc.secure_channel(target, tls.credentials(), options=opts)
+            if tls is not None
+            else grpc.insecure_channel(target, options=opts)
+        )
+        self._stub = pb_grpc.InferenceServiceStub(self._channel)
+        self.timeout = timeout
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
+
+    def predict(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: int = 0,
+        outputs: Iterable[str] | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run `model` on named arrays; returns the named output arrays."""
+        return predict_outputs(
+            self.predict_response(model, inputs, version=version, outputs=outputs,
+                                  timeout=timeout, request_id=request_id)
+        )
+
+    def predict_response(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: int = 0,
+        outputs: Iterable[str] | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        typed: bool = False,
+    ) -> pb.PredictResponse:
+        """Predict, returning the whole response message (version, timing)."""
+        request = predict_request(model, inputs, version, outputs, typed)
+        response: pb.PredictResponse = self._stub.Predict(
+            request, timeout=self._deadline(timeout), metadata=metadata(request_id)
+        )
+        return response
+
+    def generate(
+        self,
+        model: str,
+        prompt: str | None = None,
+        *,
+        token_ids: Iterable[int] | None = None,
+        version: int = 0,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        **sampling: object,
+    ) -> Iterator[pb.GenerateResponse]:
+        """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...)."""
+        request = generate_request(model, prompt, token_ids, version, sampling)
+        yield from self._stub.Generate(request, timeout=self._deadline(timeout), metadata=metadata(request_id))
+
+    def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
+        """Server and model health."""
+        response: pb.HealthResponse = self._stub.Health(
+            pb.HealthRequest(model=model), timeout=self._deadline(timeout)
+        )
+        return response
+
+    def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
+        """Server, devices, providers and models."""
+        response: pb.InfoResponse = self._stub.Info(pb.InfoRequest(), timeout=self._deadline(timeout))
+        return response
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

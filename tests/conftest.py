@@ -1,0 +1,103 @@
+"""Shared fixtures: model repositories built locally, and real servers on loopback port 0."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tensord.config import TensordConfig, load_config
+from tensord.demo import build_demo_repository
+from tensord.server.app import TensordServer
+from tests.models import build_test_repository
+
+
+@pytest.fixture(scope="session")
+def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo repository (mlp, cnn), built once per session."""
+    root = tmp_path_factory.mktemp("demo-models")
+    build_demo_repository(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def test_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Demo models plus identity, slow, two-output, versioned and corrupt models."""
+    return build_test_repository(tmp_path_factory.mktemp("test-models"))
+
+
+class ServerThread:
+    """A real TensordServer on 127.0.0.1:0, running its own event loop on a thread."""
+
+    def __init__(self, config: TensordConfig) -> None:
+        self.config = config
+        self.loop = asyncio.new_event_loop()
+        self.server: TensordServer | None = None
+        self.port = 0
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="tensord-test-server", daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start() -> None:
+            self.server = TensordServer(self.config)
+            self.port = await self.server.start()
+
+        try:
+            self.loop.run_until_complete(start())
+        except BaseException as exc:  # surfaced by start()
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._ready.wait(60)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def call(self, coro):  # type: ignore[no-untyped-def]
+        """Run a coroutine on the server's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    def stop(self, grace: float = 5.0) -> None:
+        assert self.server is not None
+        self.call(self.server.stop(grace))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def start_server(repo: Path, **server: object) -> ServerThread:
+    """Start a server on a free loopback port over `repo` with [server] overrides."""
+    overrides = {"model_repository": str(repo), "server.listen": "127.0.0.1:0"}
+    overrides.update({f"server.{k}": v for k, v in server.items()})
+    return ServerThread(load_config(None, env={}, overrides=overrides)).start()
+
+
+@pytest.fixture(scope="session")
+def server(test_repo: Path) -> Iterator[ServerThread]:
+    """One in-process server over the test repository, shared by the grpc tests."""
+    srv = start_server(test_repo, max_receive_message_bytes=4 * 1024 * 1024)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def client(server: ServerThread):  # type: ignore[no-untyped-def]
+    """A sync client of the shared server."""
+    from tensord_client import Client
+
+    with Client(server.target, timeout=30, retries=0) as c:
+        yield c

@@ -1,0 +1,107 @@
+"""Small ONNX models the tests build themselves (onnx + NumPy, seeded, no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tensord.demo import IR_VERSION, OPSET, build_demo_repository
+
+# Every dtype the contract carries, with the ONNX type that holds it.
+IDENTITY_DTYPES: dict[str, int] = {
+    "bool": TensorProto.BOOL,
+    "uint8": TensorProto.UINT8,
+    "int8": TensorProto.INT8,
+    "int16": TensorProto.INT16,
+    "int32": TensorProto.INT32,
+    "int64": TensorProto.INT64,
+    "float16": TensorProto.FLOAT16,
+    "bfloat16": TensorProto.BFLOAT16,
+    "float32": TensorProto.FLOAT,
+    "float64": TensorProto.DOUBLE,
+    "string": TensorProto.STRING,
+}
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def build_identity(path: Path, elem_type: int) -> Path:
+    """y = x for a [batch, 4] tensor of one element type."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "identity",
+        [helper.make_tensor_value_info("x", elem_type, ["batch", 4])],
+        [helper.make_tensor_value_info("y", elem_type, ["batch", 4])],
+    )
+    return _save(graph, path)
+
+
+def build_slow(path: Path, layers: int = 24, width: int = 1024) -> Path:
+    """x [batch, 1024] through `layers` MatMul+Tanh with one shared weight: cost grows with batch."""
+    rng = np.random.default_rng(7)
+    weight = (rng.normal(0, 1 / np.sqrt(width), (width, width))).astype(np.float32)
+    nodes, current = [], "x"
+    for i in range(layers):
+        nodes.append(helper.make_node("MatMul", [current, "w"], [f"m{i}"]))
+        out = "y" if i == layers - 1 else f"t{i}"
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [out]))
+        current = out
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    return _save(graph, path)
+
+
+def build_two_outputs(path: Path) -> Path:
+    """a, b float32 [batch, 3] -> sum = a + b, product = a * b (for output subsets)."""
+    spec = ["batch", 3]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Mul", ["a", "b"], ["product"])],
+        "two_outputs",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, spec) for n in ("a", "b")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, spec) for n in ("sum", "product")],
+    )
+    return _save(graph, path)
+
+
+def build_test_repository(root: Path) -> Path:
+    """The demo models plus identity models, a slow model, two-output model, a corrupt one."""
+    build_demo_repository(root)
+    for name, elem in IDENTITY_DTYPES.items():
+        build_identity(root / f"identity_{name}" / "1" / "model.onnx", elem)
+        (root / f"identity_{name}" / "model.toml").write_text("max_batch_size = 64\n")
+    build_slow(root / "slow" / "1" / "model.onnx")
+    (root / "slow" / "model.toml").write_text("max_batch_size = 4096\ninstance_count = 1\n")
+    build_two_outputs(root / "two_outputs" / "1" / "model.onnx")
+    (root / "two_outputs" / "model.toml").write_text("max_batch_size = 8\n")
+    # Two versions of one model: version 2 doubles, version 1 is the identity.
+    build_identity(root / "versioned" / "1" / "model.onnx", TensorProto.FLOAT)
+    _build_double(root / "versioned" / "2" / "model.onnx")
+    broken = root / "broken" / "1" / "model.onnx"
+    broken.parent.mkdir(parents=True, exist_ok=True)
+    broken.write_bytes(b"this is not an ONNX file")
+    return root
+
+
+def _build_double(path: Path) -> Path:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])],
+        "double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+    )
+    return _save(graph, path)
