@@ -46,7 +46,7 @@ def build_identity(path: Path, elem_type: int) -> Path:
     return _save(graph, path)
 
 
-def build_slow(path: Path, layers: int = 24, width: int = 1024) -> Path:
+def build_slow(path: Path, layers: int = 96, width: int = 1024) -> Path:
     """x [batch, 1024] through `layers` MatMul+Tanh with one shared weight: cost grows with batch."""
     rng = np.random.default_rng(7)
     weight = (rng.normal(0, 1 / np.sqrt(width), (width, width))).astype(np.float32)

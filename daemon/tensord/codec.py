@@ -44,7 +44,8 @@ def dtype_name(dtype: DType) -> str:
 def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
     """Return (name, array) for a Tensor message; `where` names it in error messages.
 
-    Raw data is wrapped without copying (the array is read-only).
+    Raw data is wrapped without copying (the array is read-only). STRING elements decode
+    to Python str (UTF-8).
     """
     label = f"{where} {tensor.name!r}"
     dtype = _decode_dtype(tensor.dtype, label)
@@ -107,13 +108,23 @@ def _decode_raw_strings(raw: bytes, shape: tuple[int, ...], count: int, label: s
             raise InvalidArgumentError(
                 f"{label}: element {i} claims {length} bytes but only {len(raw) - offset} remain"
             )
-        out[i] = bytes(view[offset : offset + length])
+        out[i] = _text(bytes(view[offset : offset + length]), i, label)
         offset += length
     if offset != len(raw):
         raise InvalidArgumentError(
             f"{label}: raw_data has {len(raw) - offset} bytes left over after {count} strings"
         )
     return out.reshape(shape)
+
+
+def _text(data: bytes, index: int, label: str) -> str:
+    # ONNX Runtime's string tensors are UTF-8 text; binary data cannot pass through them.
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgumentError(
+            f"{label}: string element {index} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
 
 
 def _decode_contents(
@@ -134,7 +145,7 @@ def _decode_contents(
         )
     if dtype is DType.STRING:
         out = np.empty(count, dtype=object)
-        out[:] = list(values)
+        out[:] = [_text(v, i, label) for i, v in enumerate(values)]
         return out.reshape(shape)
     if field == "int_values":
         wide = np.array(values, dtype=np.int64)

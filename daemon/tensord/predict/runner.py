@@ -7,6 +7,7 @@ goes away is dropped from the queue. The event loop only awaits.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,15 @@ import numpy as np
 
 from tensord.backends.base import Backend
 from tensord.errors import DeadlineExceededError
+
+
+@dataclass(slots=True)
+class RunnerStats:
+    """Counters of one runner: runs that started, finished, failed."""
+
+    started: int = 0
+    completed: int = 0
+    failed: int = 0
 
 
 @dataclass(slots=True)
@@ -32,6 +42,8 @@ class ModelRunner:
 
     def __init__(self, name: str, backend: Backend, instances: int) -> None:
         self._backend = backend
+        self.stats = RunnerStats()
+        self._stats_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"model-{name}")
 
     async def run(
@@ -69,7 +81,16 @@ class ModelRunner:
                 f"the deadline passed after {(start - submitted) * 1e3:.1f} ms in the queue; "
                 "the request did not run"
             )
-        outputs = self._backend.run(inputs, output_names)
+        with self._stats_lock:
+            self.stats.started += 1
+        try:
+            outputs = self._backend.run(inputs, output_names)
+        except BaseException:
+            with self._stats_lock:
+                self.stats.failed += 1
+            raise
+        with self._stats_lock:
+            self.stats.completed += 1
         return RunResult(outputs, start - submitted, time.monotonic() - start)
 
     def run_blocking(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:

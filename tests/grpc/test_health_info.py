@@ -1,0 +1,74 @@
+"""Health, grpc.health.v1 and Info agree with the registry; a broken model is reported."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tensord.v1 import inference_pb2 as pb
+from tensord_client import Client
+from tests.conftest import ServerThread
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_health_lists_every_version(client: Client) -> None:
+    reply = client.health()
+    assert reply.status == pb.SERVING_STATUS_SERVING
+    states = {(m.name, m.version): m.state for m in reply.models}
+    assert states[("mlp", 1)] == pb.MODEL_STATE_READY
+    assert states[("versioned", 1)] == states[("versioned", 2)] == pb.MODEL_STATE_READY
+    assert states[("broken", 1)] == pb.MODEL_STATE_FAILED
+
+
+def test_health_of_one_model(client: Client) -> None:
+    (broken,) = client.health("broken").models
+    assert broken.state == pb.MODEL_STATE_FAILED
+    assert broken.reason.startswith("ONNX Runtime cannot load")
+    assert "broken/1/model.onnx" in broken.reason
+    with pytest.raises(grpc.RpcError) as info:
+        client.health("nope")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("service", "status"),
+    [("", SERVING), ("tensord.v1.InferenceService", SERVING), ("tensord.model.mlp", SERVING),
+     ("tensord.model.broken", NOT_SERVING)],
+)
+def test_standard_health_service(server: ServerThread, service: str, status: int) -> None:
+    with grpc.insecure_channel(server.target) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service))
+    assert reply.status == status
+
+
+def test_standard_health_unknown_service(server: ServerThread) -> None:
+    with grpc.insecure_channel(server.target) as channel, pytest.raises(grpc.RpcError) as info:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="tensord.model.nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_info(client: Client) -> None:
+    import onnxruntime
+
+    reply = client.info()
+    assert reply.server_version == "0.1.0"
+    assert reply.runtime.onnxruntime == onnxruntime.__version__
+    assert reply.runtime.grpcio == grpc.__version__
+    assert reply.cpu.logical_cores >= 1 and reply.cpu.architecture
+    assert "CPUExecutionProvider" in reply.available_providers
+    if not reply.gpus:
+        assert reply.gpu_unavailable_reason
+    mlp = next(m for m in reply.models if m.name == "mlp")
+    assert mlp.state == pb.MODEL_STATE_READY
+    assert (mlp.backend, mlp.executor, mlp.kind) == ("onnxruntime", "cpu", "predict")
+    assert mlp.provider == mlp.requested_providers[0]
+    assert mlp.provider_reason
+    assert mlp.max_batch_size == 128
+    assert [(s.name, s.dtype, list(s.shape)) for s in mlp.inputs] == [("input", pb.DATA_TYPE_FLOAT32, [-1, 512])]
+    assert [(s.name, s.dtype, list(s.shape)) for s in mlp.outputs] == [("output", pb.DATA_TYPE_FLOAT32, [-1, 10])]
+    assert mlp.load_time_ms > 0
+    broken = next(m for m in reply.models if m.name == "broken")
+    assert broken.state == pb.MODEL_STATE_FAILED and broken.reason

@@ -1,0 +1,70 @@
+"""Execution provider planning: priority, preferred, CPU last, and the silent fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensord.backends.providers import (
+    PRIORITY,
+    ProviderPlan,
+    explain_actual,
+    normalise_provider,
+    plan_providers,
+)
+
+CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+
+
+def test_priority_order() -> None:
+    assert PRIORITY[0] == TRT and PRIORITY[1] == CUDA and PRIORITY[-1] == CPU
+
+
+def test_cpu_only_build() -> None:
+    plan = plan_providers([CPU])
+    assert plan == ProviderPlan((CPU,), f"highest priority available: {CPU}")
+
+
+def test_gpu_build_orders_by_priority() -> None:
+    plan = plan_providers([CPU, CUDA, TRT])
+    assert plan.providers == (TRT, CUDA, CPU)
+
+
+def test_preferred_available_goes_first() -> None:
+    plan = plan_providers([CPU, CUDA, TRT], preferred=CUDA)
+    assert plan.providers == (CUDA, TRT, CPU)
+    assert plan.reason == f"preferred provider {CUDA} is available"
+
+
+def test_preferred_missing_falls_back_with_a_reason() -> None:
+    plan = plan_providers([CPU], preferred=CUDA)
+    assert plan.providers == (CPU,)
+    assert plan.reason == (
+        f"preferred provider {CUDA} is not available in this ONNX Runtime build "
+        f"(available: {CPU}); using {CPU}"
+    )
+
+
+def test_explicit_order_keeps_cpu_last() -> None:
+    assert plan_providers([CPU, CUDA, TRT], order=[CUDA]).providers == (CUDA, CPU)
+
+
+def test_silent_fallback_is_reported() -> None:
+    plan = plan_providers([CPU, CUDA])
+    assert explain_actual(plan, [CUDA, CPU]) == plan.reason
+    assert explain_actual(plan, [CPU]) == (
+        f"{plan.reason}; {CUDA} failed to start in ONNX Runtime, which fell back to {CPU} "
+        "(see the ONNX Runtime warnings in the log)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("alias", "full"),
+    [("cuda", CUDA), ("TensorRT", TRT), ("dml", "DmlExecutionProvider"), (CPU, CPU)],
+)
+def test_aliases(alias: str, full: str) -> None:
+    assert normalise_provider(alias) == full
+
+
+def test_unknown_alias() -> None:
+    with pytest.raises(ValueError, match="unknown execution provider 'npu'"):
+        normalise_provider("npu")

@@ -1,0 +1,81 @@
+"""Repository scanning and signature overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tensord.backends.base import TensorSpec
+from tensord.dtypes import DType
+from tensord.errors import ModelLoadError
+from tensord.registry.model_config import ModelConfig, TensorOverride
+from tensord.registry.repository import scan_repository
+from tensord.registry.signature import apply_overrides, check_batching
+
+
+def touch(path: Path, text: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_scan_layouts(tmp_path: Path) -> None:
+    touch(tmp_path / "a" / "1" / "model.onnx")
+    touch(tmp_path / "a" / "3" / "model.onnx")
+    touch(tmp_path / "b" / "model.onnx")
+    touch(tmp_path / "c" / "model.toml", 'name = "renamed"\nversions = [2]\nmodel_file = "m.onnx"\n')
+    touch(tmp_path / "c" / "2" / "m.onnx")
+    touch(tmp_path / ".hidden" / "1" / "model.onnx")
+    found = [(s.name, s.version, s.path.relative_to(tmp_path).as_posix(), s.error) for s in scan_repository(tmp_path)]
+    assert found == [
+        ("a", 1, "a/1/model.onnx", ""),
+        ("a", 3, "a/3/model.onnx", ""),
+        ("b", 1, "b/model.onnx", ""),
+        ("renamed", 2, "c/2/m.onnx", ""),
+    ]
+
+
+def test_problems_become_entries(tmp_path: Path) -> None:
+    touch(tmp_path / "empty" / "README")
+    touch(tmp_path / "missing" / "model.toml", "versions = [1, 2]\n")
+    touch(tmp_path / "missing" / "1" / "model.onnx")
+    touch(tmp_path / "nofile" / "1" / "other.onnx")
+    touch(tmp_path / "badtoml" / "model.toml", "max_batch_size = 'x'\n")
+    errors = {(s.name, s.version): s.error for s in scan_repository(tmp_path)}
+    assert "no version directories (1/, 2/, ...) holding model.onnx" in errors[("empty", 1)]
+    assert errors[("missing", 1)] == ""
+    assert "model.toml lists version 2, but" in errors[("missing", 2)]
+    assert errors[("nofile", 1)].endswith("nofile/1/model.onnx does not exist")
+    assert "max_batch_size: Input should be a valid integer" in errors[("badtoml", 1)]
+
+
+def test_repository_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="is not a directory"):
+        scan_repository(tmp_path / "nope")
+
+
+SPECS = [TensorSpec("x", DType.FLOAT32, (-1, -1)), TensorSpec("y", DType.INT64, (-1,))]
+
+
+def test_overrides_narrow_dynamic_dims() -> None:
+    out = apply_overrides(SPECS, [TensorOverride(name="x", dtype="float32", shape=[-1, 8])], "inputs")
+    assert out == [TensorSpec("x", DType.FLOAT32, (-1, 8)), SPECS[1]]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (TensorOverride(name="z"), "model.toml inputs[0] 'z': the model has no input of that name"),
+        (TensorOverride(name="x", dtype="int8"), "dtype int8 does not match the model's float32"),
+        (TensorOverride(name="x", shape=[1]), "shape [1] has rank 1, the model's [-1, -1] has 2"),
+    ],
+)
+def test_bad_overrides(override: TensorOverride, message: str) -> None:
+    with pytest.raises(ModelLoadError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        apply_overrides(SPECS, [override], "inputs")
+
+
+def test_batching_needs_a_dynamic_first_dimension() -> None:
+    check_batching(ModelConfig(max_batch_size=4), SPECS)
+    with pytest.raises(ModelLoadError, match="needs a dynamic first \\(batch\\) dimension, but 'f'"):
+        check_batching(ModelConfig(max_batch_size=4), [TensorSpec("f", DType.FLOAT32, (3, 2))])
