@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-
 from tensord.demo import IR_VERSION, OPSET, build_demo_repository
 
 # Every dtype the contract carries, with the ONNX type that holds it.
@@ -47,7 +46,7 @@ def build_identity(path: Path, elem_type: int) -> Path:
 
 
 def build_slow(path: Path, layers: int = 96, width: int = 1024) -> Path:
-    """x [batch, 1024] through `layers` MatMul+Tanh with one shared weight: cost grows with batch."""
+    """x [batch, 1024] through `layers` MatMul+Tanh sharing one weight: cost grows with batch."""
     rng = np.random.default_rng(7)
     weight = (rng.normal(0, 1 / np.sqrt(width), (width, width))).astype(np.float32)
     nodes, current = [], "x"
@@ -70,7 +69,10 @@ def build_two_outputs(path: Path) -> Path:
     """a, b float32 [batch, 3] -> sum = a + b, product = a * b (for output subsets)."""
     spec = ["batch", 3]
     graph = helper.make_graph(
-        [helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Mul", ["a", "b"], ["product"])],
+        [
+            helper.make_node("Add", ["a", "b"], ["sum"]),
+            helper.make_node("Mul", ["a", "b"], ["product"]),
+        ],
         "two_outputs",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, spec) for n in ("a", "b")],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, spec) for n in ("sum", "product")],

@@ -25,7 +25,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
 def _config_from(args: argparse.Namespace) -> Any:
     import os
 
-    path = args.config or (Path(os.environ["TENSORD_CONFIG"]) if os.environ.get("TENSORD_CONFIG") else None)
+    path = args.config or (
+        Path(os.environ["TENSORD_CONFIG"]) if os.environ.get("TENSORD_CONFIG") else None
+    )
     return load_config(
         path,
         overrides={
@@ -62,7 +64,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from tensord.registry.repository import scan_repository
 
     config = _config_from(args)
-    problems = [f"{src.name} v{src.version}: {src.error}" for src in scan_repository(config.model_repository) if src.error]
+    problems = [
+        f"{src.name} v{src.version}: {src.error}"
+        for src in scan_repository(config.model_repository)
+        if src.error
+    ]
     print(json.dumps(config.model_dump(mode="json"), indent=2))
     for line in problems:
         print(f"model problem: {line}", file=sys.stderr)
@@ -78,7 +84,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"{report['path']}  ({report['size_bytes']} bytes)")
-    print(f"producer: {report['producer']}  opsets: {report['opsets']}  ir_version: {report['ir_version']}")
+    print(
+        f"producer: {report['producer']}  opsets: {report['opsets']}  "
+        f"ir_version: {report['ir_version']}"
+    )
     for kind in ("inputs", "outputs"):
         print(f"{kind}:")
         for t in report[kind]:
@@ -108,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensord",
         description="gRPC inference daemon for GPU hosts.",
-        epilog=f"Settings come from the config file, then environment variables ({env}), then flags.",
+        epilog=f"Settings come from the config file, then environment variables ({env}), "
+        "then flags.",
     )
     parser.add_argument("--version", action="version", version=f"tensord {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -36,6 +37,11 @@ _DTYPE_NAMES = ", ".join(pb.DataType.Name(int(d)) for d in DType)
 _U32 = struct.Struct("<I")
 
 
+def pb_dtype(dtype: DType) -> pb.DataType:
+    """The contract's enum value for a dtype (the numbers are the same)."""
+    return cast(pb.DataType, int(dtype))
+
+
 def dtype_name(dtype: DType) -> str:
     """The contract's spelling of a dtype, as people see it in grpcurl."""
     return pb.DataType.Name(int(dtype))
@@ -53,13 +59,16 @@ def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
     for dim in shape:
         if dim < 0:
             raise InvalidArgumentError(
-                f"{label}: shape {list(shape)} has a negative dimension; every dimension must be >= 0"
+                f"{label}: shape {list(shape)} has a negative dimension; "
+                "every dimension must be >= 0"
             )
     count = math.prod(shape)
     kind = tensor.WhichOneof("data")
     if kind is None:
         if count != 0:
-            expected = f"{count * dtype.itemsize} bytes of raw_data" if dtype.itemsize else "raw_data"
+            expected = (
+                f"{count * dtype.itemsize} bytes of raw_data" if dtype.itemsize else "raw_data"
+            )
             raise InvalidArgumentError(
                 f"{label}: no data for shape {list(shape)} ({count} elements); "
                 f"set {expected} or contents.{CONTENTS_FIELD[dtype]}"
@@ -75,7 +84,9 @@ def _decode_dtype(value: int, label: str) -> DType:
         return DType(value)
     except ValueError:
         state = "is not set" if value == 0 else f"{value} is unknown"
-        raise InvalidArgumentError(f"{label}: dtype {state}; expected one of {_DTYPE_NAMES}") from None
+        raise InvalidArgumentError(
+            f"{label}: dtype {state}; expected one of {_DTYPE_NAMES}"
+        ) from None
 
 
 def _decode_raw(
@@ -164,7 +175,7 @@ def _decode_contents(
 def encode_tensor(name: str, array: np.ndarray, *, contents: bool = False) -> pb.Tensor:
     """A Tensor message for an array: raw bytes by default, typed contents on request."""
     dtype = _array_dtype(array, name)
-    tensor = pb.Tensor(name=name, dtype=int(dtype), shape=array.shape)
+    tensor = pb.Tensor(name=name, dtype=pb_dtype(dtype), shape=array.shape)
     if contents:
         _fill_contents(tensor.contents, array, dtype)
     elif dtype is DType.STRING:

@@ -95,7 +95,9 @@ def env_keys() -> dict[str, str]:
 
     TENSORD_MODEL_REPOSITORY -> model_repository, TENSORD_SERVER_LISTEN -> server.listen.
     """
-    keys = {f"{ENV_PREFIX}SERVER_{sub.upper()}": f"server.{sub}" for sub in ServerSettings.model_fields}
+    keys = {
+        f"{ENV_PREFIX}SERVER_{sub.upper()}": f"server.{sub}" for sub in ServerSettings.model_fields
+    }
     for name in TensordConfig.model_fields:
         if name != "server":
             keys[f"{ENV_PREFIX}{name.upper()}"] = name

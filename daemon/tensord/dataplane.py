@@ -76,11 +76,16 @@ class DataPlane:
         names = check_output_names(entry.name, entry.outputs, call.output_names)
         runner = entry.runner
         if runner is None or entry.state is not ModelState.READY:  # unloaded between get and run
-            raise UnavailableError(f"model {entry.name!r} version {entry.version} is {entry.state.name}")
+            raise UnavailableError(
+                f"model {entry.name!r} version {entry.version} is {entry.state.name}"
+            )
         result = await runner.run(inputs, names, call.deadline)
         return PredictResult(
-            entry.name, entry.version, list(zip(names, result.outputs, strict=True)),
-            result.queue_s, result.compute_s,
+            entry.name,
+            entry.version,
+            list(zip(names, result.outputs, strict=True)),
+            result.queue_s,
+            result.compute_s,
         )
 
     async def generate(self, model: str, version: int) -> None:
@@ -114,11 +119,14 @@ class DataPlane:
             "numpy": np.__version__,
         }
         return ServerInfo(
-            __version__, runtime, probe_cpu(), probe_gpus(), available_providers(),
+            __version__,
+            runtime,
+            probe_cpu(),
+            probe_gpus(),
+            available_providers(),
             self.registry.versions(),
         )
 
     def _check_serving(self) -> None:
         if not self.serving:
             raise UnavailableError("the server is starting or draining; retry shortly")
-

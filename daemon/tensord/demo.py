@@ -1,13 +1,15 @@
 """The embedded demo model repository, built with onnx and NumPy only (seeded, no downloads).
 
-    mlp   input  float32 [-1, 512] -> 1024 -> 1024 -> 1024 (Gemm+Relu) -> Gemm -> output [-1, 10]
-    cnn   image  uint8 [-1, 3, 32, 32] (NCHW) -> /255 -> conv-relu-pool x2 -> Gemm -> softmax
-          -> probabilities float32 [-1, 10]
+mlp   input  float32 [-1, 512] -> 1024 -> 1024 -> 1024 (Gemm+Relu) -> Gemm -> output [-1, 10]
+cnn   image  uint8 [-1, 3, 32, 32] (NCHW) -> /255 -> conv-relu-pool x2 -> Gemm -> softmax
+      -> probabilities float32 [-1, 10]
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -17,7 +19,9 @@ OPSET = 17
 IR_VERSION = 9  # read by every ONNX Runtime release tensord supports
 
 
-def _init(rng: np.random.Generator, name: str, shape: tuple[int, ...], fan_in: int) -> onnx.TensorProto:
+def _init(
+    rng: np.random.Generator, name: str, shape: tuple[int, ...], fan_in: int
+) -> onnx.TensorProto:
     weights = rng.normal(0.0, np.sqrt(2.0 / fan_in), size=shape).astype(np.float32)
     return numpy_helper.from_array(weights, name)
 
@@ -38,18 +42,23 @@ def build_mlp(seed: int = 0) -> onnx.ModelProto:
     sizes = [512, 1024, 1024, 1024, 10]
     nodes, inits = [], []
     current = "input"
-    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:], strict=False)):
-        inits += [_init(rng, f"w{i}", (n_in, n_out), n_in), numpy_helper.from_array(
-            (rng.normal(0, 0.01, n_out)).astype(np.float32), f"b{i}")]
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
+        inits += [
+            _init(rng, f"w{i}", (n_in, n_out), n_in),
+            numpy_helper.from_array((rng.normal(0, 0.01, n_out)).astype(np.float32), f"b{i}"),
+        ]
         last = i == len(sizes) - 2
         out = "output" if last else f"h{i}"
         gemm_out = out if last else f"g{i}"
-        nodes.append(helper.make_node("Gemm", [current, f"w{i}", f"b{i}"], [gemm_out], name=f"gemm{i}"))
+        nodes.append(
+            helper.make_node("Gemm", [current, f"w{i}", f"b{i}"], [gemm_out], name=f"gemm{i}")
+        )
         if not last:
             nodes.append(helper.make_node("Relu", [gemm_out], [out], name=f"relu{i}"))
         current = out
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 512])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 10])],
         inits,
@@ -69,8 +78,8 @@ def build_cnn(seed: int = 1) -> onnx.ModelProto:
         _init(rng, "fc_w", (16 * 8 * 8, 10), 16 * 8 * 8),
         numpy_helper.from_array(np.zeros(10, np.float32), "fc_b"),
     ]
-    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    pool = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    conv: dict[str, Any] = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    pool: dict[str, Any] = {"kernel_shape": [2, 2], "strides": [2, 2]}
     nodes = [
         helper.make_node("Cast", ["image"], ["imagef"], to=TensorProto.FLOAT),
         helper.make_node("Mul", ["imagef", "scale"], ["x0"]),
@@ -85,7 +94,8 @@ def build_cnn(seed: int = 1) -> onnx.ModelProto:
         helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
     ]
     graph = helper.make_graph(
-        nodes, "cnn",
+        nodes,
+        "cnn",
         [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", 3, 32, 32])],
         [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 10])],
         inits,
@@ -94,8 +104,8 @@ def build_cnn(seed: int = 1) -> onnx.ModelProto:
 
 
 _MODEL_TOML = {
-    "mlp": 'max_batch_size = 128\n',
-    "cnn": 'max_batch_size = 64\n',
+    "mlp": "max_batch_size = 128\n",
+    "cnn": "max_batch_size = 64\n",
 }
 
 

@@ -35,7 +35,10 @@ def inspect_model(path: Path) -> dict[str, Any]:
             continue
         runnable.append(provider)
         if not signature["inputs"]:
-            for kind, args in (("inputs", session.get_inputs()), ("outputs", session.get_outputs())):
+            for kind, args in (
+                ("inputs", session.get_inputs()),
+                ("outputs", session.get_outputs()),
+            ):
                 signature[kind] = [
                     {"name": s.name, "dtype": dtype_name(s.dtype), "shape": list(s.shape)}
                     for s in describe(args, kind[:-1])

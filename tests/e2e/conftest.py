@@ -63,9 +63,22 @@ def start_daemon(repo: Path, log_path: Path, *extra: str) -> Daemon:
     target = f"127.0.0.1:{port}"
     log_file = log_path.open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "tensord.cli", "serve", "--listen", target,
-         "--model-repository", str(repo), "--log-format", "json", *extra],
-        stdout=log_file, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tensord.cli",
+            "serve",
+            "--listen",
+            target,
+            "--model-repository",
+            str(repo),
+            "--log-format",
+            "json",
+            *extra,
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:

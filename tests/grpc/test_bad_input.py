@@ -10,10 +10,10 @@ from collections.abc import Callable
 import grpc
 import numpy as np
 import pytest
-
 from tensord.codec import encode_tensor
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
+
 from tests.conftest import ServerThread
 
 Code = grpc.StatusCode
@@ -33,41 +33,110 @@ def tensor(**kw: object) -> pb.Tensor:
 
 
 CASES: list[tuple[str, pb.PredictRequest, Code, str]] = [
-    ("unknown model", pb.PredictRequest(model="nope", inputs=[good_input()]), Code.NOT_FOUND,
-     "model 'nope' not found; models: broken, cnn,"),
-    ("unknown version", mlp(good_input(), version=7), Code.NOT_FOUND,
-     "model 'mlp' has no version 7; versions: 1 (0 means the newest ready)"),
-    ("unknown input", mlp(good_input(), encode_tensor("extra", X)), Code.INVALID_ARGUMENT,
-     "model 'mlp' has no input 'extra'; it takes 'input' (DATA_TYPE_FLOAT32 [-1, 512])"),
-    ("missing input", mlp(), Code.INVALID_ARGUMENT,
-     "model 'mlp' is missing input(s) 'input' (DATA_TYPE_FLOAT32 [-1, 512])"),
-    ("wrong dtype", mlp(encode_tensor("input", X.astype(np.float64))), Code.INVALID_ARGUMENT,
-     "input 'input': dtype DATA_TYPE_FLOAT64 does not match the model's DATA_TYPE_FLOAT32"),
-    ("wrong rank", mlp(encode_tensor("input", X.reshape(1, 1, 512))), Code.INVALID_ARGUMENT,
-     "input 'input': shape [1, 1, 512] has rank 3, but the model expects rank 2 [-1, 512]"),
-    ("wrong dimension", mlp(encode_tensor("input", X[:, :100])), Code.INVALID_ARGUMENT,
-     "input 'input': dimension 1 is 100, but the model expects 512"),
-    ("byte length", mlp(tensor(shape=[1, 512], raw_data=b"\0" * 2047)), Code.INVALID_ARGUMENT,
-     "inputs[0] 'input': raw_data has 2047 bytes, but shape [1, 512] of DATA_TYPE_FLOAT32 needs 2048"),
-    ("no data", mlp(tensor(shape=[2, 512])), Code.INVALID_ARGUMENT,
-     "inputs[0] 'input': no data for shape [2, 512] (1024 elements); set 4096 bytes of raw_data"),
-    ("dtype unset", mlp(pb.Tensor(name="input", shape=[1, 512], raw_data=X.tobytes())),
-     Code.INVALID_ARGUMENT, "inputs[0] 'input': dtype is not set; expected one of"),
-    ("negative dim", mlp(tensor(shape=[-1, 512], raw_data=b"")), Code.INVALID_ARGUMENT,
-     "has a negative dimension"),
-    ("typed wrong field", mlp(tensor(shape=[1, 2], contents=pb.TensorContents(int_values=[1, 2]))),
-     Code.INVALID_ARGUMENT, "contents.int_values is set, but a DATA_TYPE_FLOAT32 tensor takes its "
-     "values in contents.float_values"),
-    ("typed wrong count", mlp(tensor(shape=[1, 512], contents=pb.TensorContents(float_values=[1.0]))),
-     Code.INVALID_ARGUMENT, "contents.float_values has 1 values, but shape [1, 512] needs 512"),
-    ("string to float", mlp(encode_tensor("input", np.array([["a"] * 512], dtype=object))),
-     Code.INVALID_ARGUMENT, "dtype DATA_TYPE_STRING does not match the model's DATA_TYPE_FLOAT32"),
-    ("over max batch", mlp(encode_tensor("input", np.zeros((129, 512), np.float32))),
-     Code.INVALID_ARGUMENT, "batch size 129 exceeds the model's max_batch_size 128"),
-    ("unknown output", mlp(good_input(), output_names=["logits"]), Code.INVALID_ARGUMENT,
-     "model 'mlp' has no output 'logits'; its outputs are ['output']"),
-    ("failed model", pb.PredictRequest(model="broken", inputs=[good_input()]), Code.UNAVAILABLE,
-     "model 'broken' version 1 is FAILED: ONNX Runtime cannot load"),
+    (
+        "unknown model",
+        pb.PredictRequest(model="nope", inputs=[good_input()]),
+        Code.NOT_FOUND,
+        "model 'nope' not found; models: broken, cnn,",
+    ),
+    (
+        "unknown version",
+        mlp(good_input(), version=7),
+        Code.NOT_FOUND,
+        "model 'mlp' has no version 7; versions: 1 (0 means the newest ready)",
+    ),
+    (
+        "unknown input",
+        mlp(good_input(), encode_tensor("extra", X)),
+        Code.INVALID_ARGUMENT,
+        "model 'mlp' has no input 'extra'; it takes 'input' (DATA_TYPE_FLOAT32 [-1, 512])",
+    ),
+    (
+        "missing input",
+        mlp(),
+        Code.INVALID_ARGUMENT,
+        "model 'mlp' is missing input(s) 'input' (DATA_TYPE_FLOAT32 [-1, 512])",
+    ),
+    (
+        "wrong dtype",
+        mlp(encode_tensor("input", X.astype(np.float64))),
+        Code.INVALID_ARGUMENT,
+        "input 'input': dtype DATA_TYPE_FLOAT64 does not match the model's DATA_TYPE_FLOAT32",
+    ),
+    (
+        "wrong rank",
+        mlp(encode_tensor("input", X.reshape(1, 1, 512))),
+        Code.INVALID_ARGUMENT,
+        "input 'input': shape [1, 1, 512] has rank 3, but the model expects rank 2 [-1, 512]",
+    ),
+    (
+        "wrong dimension",
+        mlp(encode_tensor("input", X[:, :100])),
+        Code.INVALID_ARGUMENT,
+        "input 'input': dimension 1 is 100, but the model expects 512",
+    ),
+    (
+        "byte length",
+        mlp(tensor(shape=[1, 512], raw_data=b"\0" * 2047)),
+        Code.INVALID_ARGUMENT,
+        "inputs[0] 'input': raw_data has 2047 bytes, but shape [1, 512] of DATA_TYPE_FLOAT32 "
+        "needs 2048",
+    ),
+    (
+        "no data",
+        mlp(tensor(shape=[2, 512])),
+        Code.INVALID_ARGUMENT,
+        "inputs[0] 'input': no data for shape [2, 512] (1024 elements); set 4096 bytes of raw_data",
+    ),
+    (
+        "dtype unset",
+        mlp(pb.Tensor(name="input", shape=[1, 512], raw_data=X.tobytes())),
+        Code.INVALID_ARGUMENT,
+        "inputs[0] 'input': dtype is not set; expected one of",
+    ),
+    (
+        "negative dim",
+        mlp(tensor(shape=[-1, 512], raw_data=b"")),
+        Code.INVALID_ARGUMENT,
+        "has a negative dimension",
+    ),
+    (
+        "typed wrong field",
+        mlp(tensor(shape=[1, 2], contents=pb.TensorContents(int_values=[1, 2]))),
+        Code.INVALID_ARGUMENT,
+        "contents.int_values is set, but a DATA_TYPE_FLOAT32 tensor takes its "
+        "values in contents.float_values",
+    ),
+    (
+        "typed wrong count",
+        mlp(tensor(shape=[1, 512], contents=pb.TensorContents(float_values=[1.0]))),
+        Code.INVALID_ARGUMENT,
+        "contents.float_values has 1 values, but shape [1, 512] needs 512",
+    ),
+    (
+        "string to float",
+        mlp(encode_tensor("input", np.array([["a"] * 512], dtype=object))),
+        Code.INVALID_ARGUMENT,
+        "dtype DATA_TYPE_STRING does not match the model's DATA_TYPE_FLOAT32",
+    ),
+    (
+        "over max batch",
+        mlp(encode_tensor("input", np.zeros((129, 512), np.float32))),
+        Code.INVALID_ARGUMENT,
+        "batch size 129 exceeds the model's max_batch_size 128",
+    ),
+    (
+        "unknown output",
+        mlp(good_input(), output_names=["logits"]),
+        Code.INVALID_ARGUMENT,
+        "model 'mlp' has no output 'logits'; its outputs are ['output']",
+    ),
+    (
+        "failed model",
+        pb.PredictRequest(model="broken", inputs=[good_input()]),
+        Code.UNAVAILABLE,
+        "model 'broken' version 1 is FAILED: ONNX Runtime cannot load",
+    ),
 ]
 
 
@@ -82,8 +151,12 @@ def assert_still_serving(stub: pb_grpc.InferenceServiceStub) -> None:
     assert list(reply.outputs[0].shape) == [1, 10]
 
 
-@pytest.mark.parametrize(("request_", "code", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_request(stub: pb_grpc.InferenceServiceStub, request_: pb.PredictRequest, code: Code, message: str) -> None:
+@pytest.mark.parametrize(
+    ("request_", "code", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_request(
+    stub: pb_grpc.InferenceServiceStub, request_: pb.PredictRequest, code: Code, message: str
+) -> None:
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(request_, timeout=30)
     assert info.value.code() == code
@@ -99,7 +172,9 @@ def test_zero_size_batch_is_served(stub: pb_grpc.InferenceServiceStub) -> None:
 def test_message_over_the_limit(stub: pb_grpc.InferenceServiceStub) -> None:
     big = np.zeros((5, 1024 * 1024 // 4 * 1), np.float32)  # 5 MiB, the test server takes 4 MiB
     with pytest.raises(grpc.RpcError) as info:
-        stub.Predict(pb.PredictRequest(model="mlp", inputs=[encode_tensor("input", big)]), timeout=30)
+        stub.Predict(
+            pb.PredictRequest(model="mlp", inputs=[encode_tensor("input", big)]), timeout=30
+        )
     assert info.value.code() == Code.RESOURCE_EXHAUSTED
     assert "larger than max" in info.value.details()
     assert_still_serving(stub)
@@ -137,7 +212,9 @@ def in_background(fn: Callable[[], object]) -> threading.Thread:
     return thread
 
 
-def test_deadline_while_queued_never_runs(stub: pb_grpc.InferenceServiceStub, server: ServerThread) -> None:
+def test_deadline_while_queued_never_runs(
+    stub: pb_grpc.InferenceServiceStub, server: ServerThread
+) -> None:
     batch, seconds = calibrate(stub)
     stats = server.server.registry.get("slow").runner.stats  # type: ignore[union-attr]
     started = stats.started
@@ -162,7 +239,9 @@ def test_deadline_while_running(stub: pb_grpc.InferenceServiceStub) -> None:
     assert_still_serving(stub)
 
 
-def test_cancelled_while_queued_never_runs(stub: pb_grpc.InferenceServiceStub, server: ServerThread) -> None:
+def test_cancelled_while_queued_never_runs(
+    stub: pb_grpc.InferenceServiceStub, server: ServerThread
+) -> None:
     batch, seconds = calibrate(stub)
     stats = server.server.registry.get("slow").runner.stats  # type: ignore[union-attr]
     started = stats.started

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from tensord.v1 import inference_pb2 as pb
 from tensord_client import Client
+
 from tests.conftest import ServerThread
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -35,18 +35,26 @@ def test_health_of_one_model(client: Client) -> None:
 
 @pytest.mark.parametrize(
     ("service", "status"),
-    [("", SERVING), ("tensord.v1.InferenceService", SERVING), ("tensord.model.mlp", SERVING),
-     ("tensord.model.broken", NOT_SERVING)],
+    [
+        ("", SERVING),
+        ("tensord.v1.InferenceService", SERVING),
+        ("tensord.model.mlp", SERVING),
+        ("tensord.model.broken", NOT_SERVING),
+    ],
 )
 def test_standard_health_service(server: ServerThread, service: str, status: int) -> None:
     with grpc.insecure_channel(server.target) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service))
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service)
+        )
     assert reply.status == status
 
 
 def test_standard_health_unknown_service(server: ServerThread) -> None:
     with grpc.insecure_channel(server.target) as channel, pytest.raises(grpc.RpcError) as info:
-        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="tensord.model.nope"))
+        health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="tensord.model.nope")
+        )
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -67,8 +75,12 @@ def test_info(client: Client) -> None:
     assert mlp.provider == mlp.requested_providers[0]
     assert mlp.provider_reason
     assert mlp.max_batch_size == 128
-    assert [(s.name, s.dtype, list(s.shape)) for s in mlp.inputs] == [("input", pb.DATA_TYPE_FLOAT32, [-1, 512])]
-    assert [(s.name, s.dtype, list(s.shape)) for s in mlp.outputs] == [("output", pb.DATA_TYPE_FLOAT32, [-1, 10])]
+    assert [(s.name, s.dtype, list(s.shape)) for s in mlp.inputs] == [
+        ("input", pb.DATA_TYPE_FLOAT32, [-1, 512])
+    ]
+    assert [(s.name, s.dtype, list(s.shape)) for s in mlp.outputs] == [
+        ("output", pb.DATA_TYPE_FLOAT32, [-1, 10])
+    ]
     assert mlp.load_time_ms > 0
     broken = next(m for m in reply.models if m.name == "broken")
     assert broken.state == pb.MODEL_STATE_FAILED and broken.reason

@@ -8,17 +8,19 @@ import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
-
-from tensord.registry.model_config import ModelConfig
 from tensord.backends.onnxruntime import session_options
+from tensord.registry.model_config import ModelConfig
 from tensord_client import Client
+
 from tests.conftest import ServerThread
 from tests.models import IDENTITY_DTYPES
 
 
 def reference(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """The same model in-process, with the daemon's session options."""
-    session = ort.InferenceSession(str(path), session_options(ModelConfig()), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(path), session_options(ModelConfig()), providers=["CPUExecutionProvider"]
+    )
     return session.run(None, feeds)
 
 
@@ -98,7 +100,6 @@ def test_versions_latest_by_default(client: Client) -> None:
 
 def test_request_id_is_echoed(server: ServerThread) -> None:
     import grpc
-
     from tensord.v1 import inference_pb2 as pb
     from tensord.v1 import inference_pb2_grpc as pb_grpc
 

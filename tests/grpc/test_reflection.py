@@ -15,8 +15,11 @@ def test_list_describe_and_call(server: ServerThread) -> None:
     with grpc.insecure_channel(server.target) as channel:
         database = ProtoReflectionDescriptorDatabase(channel)
         services = set(database.get_services())
-        assert {"tensord.v1.InferenceService", "grpc.health.v1.Health",
-                "grpc.reflection.v1alpha.ServerReflection"} <= services
+        assert {
+            "tensord.v1.InferenceService",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        } <= services
         # A fresh pool: nothing here comes from the generated modules.
         pool = descriptor_pool.DescriptorPool(database)
         service = pool.FindServiceByName("tensord.v1.InferenceService")

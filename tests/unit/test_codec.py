@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from tensord.codec import decode_tensor, encode_raw_strings, encode_tensor
 from tensord.dtypes import DType
 from tensord.errors import InvalidArgumentError
@@ -48,11 +47,16 @@ def test_raw_is_little_endian_c_order() -> None:
 
 
 def test_string_raw_layout() -> None:
-    assert encode_raw_strings(["ab", b"", "é"]) == b"\x02\x00\x00\x00ab\x00\x00\x00\x00\x02\x00\x00\x00\xc3\xa9"
+    assert (
+        encode_raw_strings(["ab", b"", "é"])
+        == b"\x02\x00\x00\x00ab\x00\x00\x00\x00\x02\x00\x00\x00\xc3\xa9"
+    )
 
 
 def test_zero_size_tensor_needs_no_data() -> None:
-    name, array = decode_tensor(pb.Tensor(name="x", dtype=pb.DATA_TYPE_FLOAT32, shape=[0, 512]), "inputs[0]")
+    _, array = decode_tensor(
+        pb.Tensor(name="x", dtype=pb.DATA_TYPE_FLOAT32, shape=[0, 512]), "inputs[0]"
+    )
     assert array.shape == (0, 512) and array.dtype == np.float32
 
 
@@ -78,7 +82,9 @@ def test_unknown_dtype_number() -> None:
 
 def test_negative_dimension() -> None:
     msg = bad(pb.Tensor(name="x", dtype=pb.DATA_TYPE_FLOAT32, shape=[1, -2], raw_data=b""))
-    assert msg == "inputs[0] 'x': shape [1, -2] has a negative dimension; every dimension must be >= 0"
+    assert (
+        msg == "inputs[0] 'x': shape [1, -2] has a negative dimension; every dimension must be >= 0"
+    )
 
 
 def test_byte_length_mismatch_names_both_counts() -> None:
@@ -98,8 +104,12 @@ def test_missing_data_for_non_empty_shape() -> None:
 
 
 def test_contents_in_the_wrong_field() -> None:
-    tensor = pb.Tensor(name="x", dtype=pb.DATA_TYPE_FLOAT32, shape=[2],
-                       contents=pb.TensorContents(int_values=[1, 2]))
+    tensor = pb.Tensor(
+        name="x",
+        dtype=pb.DATA_TYPE_FLOAT32,
+        shape=[2],
+        contents=pb.TensorContents(int_values=[1, 2]),
+    )
     assert bad(tensor) == (
         "inputs[0] 'x': contents.int_values is set, but a DATA_TYPE_FLOAT32 tensor takes its "
         "values in contents.float_values"
@@ -107,21 +117,33 @@ def test_contents_in_the_wrong_field() -> None:
 
 
 def test_contents_count_mismatch() -> None:
-    tensor = pb.Tensor(name="x", dtype=pb.DATA_TYPE_INT64, shape=[2, 2],
-                       contents=pb.TensorContents(int64_values=[1, 2, 3]))
-    assert bad(tensor) == "inputs[0] 'x': contents.int64_values has 3 values, but shape [2, 2] needs 4"
+    tensor = pb.Tensor(
+        name="x",
+        dtype=pb.DATA_TYPE_INT64,
+        shape=[2, 2],
+        contents=pb.TensorContents(int64_values=[1, 2, 3]),
+    )
+    assert (
+        bad(tensor) == "inputs[0] 'x': contents.int64_values has 3 values, but shape [2, 2] needs 4"
+    )
 
 
 def test_contents_out_of_range_for_int8() -> None:
-    tensor = pb.Tensor(name="x", dtype=pb.DATA_TYPE_INT8, shape=[3],
-                       contents=pb.TensorContents(int_values=[1, 200, -3]))
+    tensor = pb.Tensor(
+        name="x",
+        dtype=pb.DATA_TYPE_INT8,
+        shape=[3],
+        contents=pb.TensorContents(int_values=[1, 200, -3]),
+    )
     assert bad(tensor) == (
         "inputs[0] 'x': contents.int_values[1] = 200 is out of range for DATA_TYPE_INT8 [-128, 127]"
     )
 
 
 def test_truncated_string_raw_data() -> None:
-    tensor = pb.Tensor(name="s", dtype=pb.DATA_TYPE_STRING, shape=[2], raw_data=b"\x05\x00\x00\x00abc")
+    tensor = pb.Tensor(
+        name="s", dtype=pb.DATA_TYPE_STRING, shape=[2], raw_data=b"\x05\x00\x00\x00abc"
+    )
     assert bad(tensor) == "inputs[0] 's': element 0 claims 5 bytes but only 3 remain"
 
 
@@ -132,13 +154,22 @@ def test_string_raw_data_with_trailing_bytes() -> None:
 
 
 def test_float16_contents_round_to_half() -> None:
-    tensor = pb.Tensor(name="h", dtype=pb.DATA_TYPE_FLOAT16, shape=[2],
-                       contents=pb.TensorContents(float_values=[0.1, 65504.0]))
+    tensor = pb.Tensor(
+        name="h",
+        dtype=pb.DATA_TYPE_FLOAT16,
+        shape=[2],
+        contents=pb.TensorContents(float_values=[0.1, 65504.0]),
+    )
     decoded = decode_tensor(tensor, "inputs[0]")[1]
     assert decoded.dtype == np.float16
     assert decoded.tolist() == [np.float16(0.1), 65504.0]
 
 
 def test_strings_must_be_utf8() -> None:
-    tensor = pb.Tensor(name="s", dtype=pb.DATA_TYPE_STRING, shape=[1], raw_data=encode_raw_strings([b"\xff"]))
-    assert bad(tensor) == "inputs[0] 's': string element 0 is not valid UTF-8 (invalid start byte at byte 0)"
+    tensor = pb.Tensor(
+        name="s", dtype=pb.DATA_TYPE_STRING, shape=[1], raw_data=encode_raw_strings([b"\xff"])
+    )
+    assert (
+        bad(tensor)
+        == "inputs[0] 's': string element 0 is not valid UTF-8 (invalid start byte at byte 0)"
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from tensord.config import env_keys, load_config
 from tensord.errors import ConfigError, ModelLoadError
 from tensord.registry.model_config import read_model_config
@@ -21,33 +20,47 @@ def test_defaults() -> None:
 
 def test_file_then_env_then_flags(tmp_path: Path) -> None:
     path = tmp_path / "tensord.toml"
-    path.write_text('model_repository = "repo"\n[server]\nlisten = "0.0.0.0:1"\nlog_level = "debug"\n')
+    path.write_text(
+        'model_repository = "repo"\n[server]\nlisten = "0.0.0.0:1"\nlog_level = "debug"\n'
+    )
     config = load_config(path, env={})
     assert config.server.listen == "0.0.0.0:1"
     assert config.model_repository == tmp_path / "repo"  # relative to the file
     env = {"TENSORD_SERVER_LISTEN": "127.0.0.1:2", "TENSORD_SERVER_DRAIN_GRACE_SECONDS": "3.5"}
     config = load_config(path, env=env)
     assert (config.server.listen, config.server.drain_grace_seconds) == ("127.0.0.1:2", 3.5)
-    config = load_config(path, env=env, overrides={"server.listen": "127.0.0.1:3", "server.log_level": None})
+    config = load_config(
+        path, env=env, overrides={"server.listen": "127.0.0.1:3", "server.log_level": None}
+    )
     assert config.server.listen == "127.0.0.1:3"
     assert config.server.log_level == "debug"
 
 
 def test_every_setting_has_an_env_variable() -> None:
     assert env_keys()["TENSORD_MODEL_REPOSITORY"] == "model_repository"
-    assert env_keys()["TENSORD_SERVER_MAX_RECEIVE_MESSAGE_BYTES"] == "server.max_receive_message_bytes"
+    assert (
+        env_keys()["TENSORD_SERVER_MAX_RECEIVE_MESSAGE_BYTES"] == "server.max_receive_message_bytes"
+    )
     assert len(env_keys()) == 7
 
 
 def test_errors_name_the_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text('[server]\nlisten = "nowhere"\nmax_receive_message_bytes = 10\nlog_levle = "info"\n')
+    path.write_text(
+        '[server]\nlisten = "nowhere"\nmax_receive_message_bytes = 10\nlog_levle = "info"\n'
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     text = str(info.value)
     assert text.startswith(f"{path}: 3 invalid setting(s)")
-    assert "server.listen: Value error, expected HOST:PORT such as 127.0.0.1:50051, got 'nowhere'" in text
-    assert "server.max_receive_message_bytes: Input should be greater than or equal to 1024 (got 10)" in text
+    assert (
+        "server.listen: Value error, expected HOST:PORT such as 127.0.0.1:50051, got 'nowhere'"
+        in text
+    )
+    assert (
+        "server.max_receive_message_bytes: Input should be greater than or equal to 1024 (got 10)"
+        in text
+    )
     assert "server.log_levle: unknown key" in text
 
 
@@ -71,10 +84,14 @@ def test_model_toml_validation(tmp_path: Path) -> None:
     config = read_model_config(tmp_path)
     assert config.preferred_provider == "CUDAExecutionProvider"
     assert config.providers == ["CPUExecutionProvider"]
-    (tmp_path / "model.toml").write_text('preferred_provider = "tpu"\nmax_batch_size = -1\nbatch = 3\n')
+    (tmp_path / "model.toml").write_text(
+        'preferred_provider = "tpu"\nmax_batch_size = -1\nbatch = 3\n'
+    )
     with pytest.raises(ModelLoadError) as info:
         read_model_config(tmp_path)
     text = str(info.value)
-    assert "preferred_provider: Value error, unknown execution provider 'tpu'; expected one of" in text
+    assert (
+        "preferred_provider: Value error, unknown execution provider 'tpu'; expected one of" in text
+    )
     assert "max_batch_size: Input should be greater than or equal to 0 (got -1)" in text
     assert "batch: unknown key" in text

@@ -29,8 +29,16 @@ def require_tool(path: Path | None, what: str, install: str) -> Path:
 def test_generated_code_is_current(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools", reason="grpcio-tools is a dev dependency: make setup")
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'protos'}", f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", str(PROTO)],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'protos'}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            str(PROTO),
+        ],
         check=True,
     )
     for name in ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"):
@@ -41,8 +49,11 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
 def test_buf_lint() -> None:
     local = ROOT / "protos" / "node_modules" / ".bin" / "buf"
     found = shutil.which("buf")
-    buf = require_tool(local if local.exists() else (Path(found) if found else None),
-                       "buf", "npm ci --prefix protos")
+    buf = require_tool(
+        local if local.exists() else (Path(found) if found else None),
+        "buf",
+        "npm ci --prefix protos",
+    )
     result = subprocess.run([str(buf), "lint"], cwd=ROOT / "protos", capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -53,8 +64,18 @@ def test_every_message_field_and_enum_value_is_commented() -> None:
 
     out = ROOT / "build" / "inference.pb"
     out.parent.mkdir(exist_ok=True)
-    assert protoc.main(["protoc", f"-I{ROOT / 'protos'}", "--include_source_info",
-                        f"--descriptor_set_out={out}", str(PROTO)]) == 0
+    assert (
+        protoc.main(
+            [
+                "protoc",
+                f"-I{ROOT / 'protos'}",
+                "--include_source_info",
+                f"--descriptor_set_out={out}",
+                str(PROTO),
+            ]
+        )
+        == 0
+    )
     fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     locations = fds.file[0].source_code_info.location
     commented = {tuple(loc.path) for loc in locations if loc.leading_comments.strip()}
@@ -63,7 +84,11 @@ def test_every_message_field_and_enum_value_is_commented() -> None:
     for i, msg in enumerate(f.message_type):
         if (4, i) not in commented:
             missing.append(msg.name)
-        missing += [f"{msg.name}.{fld.name}" for j, fld in enumerate(msg.field) if (4, i, 2, j) not in commented]
+        missing += [
+            f"{msg.name}.{fld.name}"
+            for j, fld in enumerate(msg.field)
+            if (4, i, 2, j) not in commented
+        ]
     for i, enum in enumerate(f.enum_type):
         if (5, i) not in commented:
             missing.append(enum.name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from tensord.backends.base import TensorSpec
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
@@ -23,10 +22,15 @@ def test_scan_layouts(tmp_path: Path) -> None:
     touch(tmp_path / "a" / "1" / "model.onnx")
     touch(tmp_path / "a" / "3" / "model.onnx")
     touch(tmp_path / "b" / "model.onnx")
-    touch(tmp_path / "c" / "model.toml", 'name = "renamed"\nversions = [2]\nmodel_file = "m.onnx"\n')
+    touch(
+        tmp_path / "c" / "model.toml", 'name = "renamed"\nversions = [2]\nmodel_file = "m.onnx"\n'
+    )
     touch(tmp_path / "c" / "2" / "m.onnx")
     touch(tmp_path / ".hidden" / "1" / "model.onnx")
-    found = [(s.name, s.version, s.path.relative_to(tmp_path).as_posix(), s.error) for s in scan_repository(tmp_path)]
+    found = [
+        (s.name, s.version, s.path.relative_to(tmp_path).as_posix(), s.error)
+        for s in scan_repository(tmp_path)
+    ]
     assert found == [
         ("a", 1, "a/1/model.onnx", ""),
         ("a", 3, "a/3/model.onnx", ""),
@@ -58,7 +62,9 @@ SPECS = [TensorSpec("x", DType.FLOAT32, (-1, -1)), TensorSpec("y", DType.INT64, 
 
 
 def test_overrides_narrow_dynamic_dims() -> None:
-    out = apply_overrides(SPECS, [TensorOverride(name="x", dtype="float32", shape=[-1, 8])], "inputs")
+    out = apply_overrides(
+        SPECS, [TensorOverride(name="x", dtype="float32", shape=[-1, 8])], "inputs"
+    )
     assert out == [TensorSpec("x", DType.FLOAT32, (-1, 8)), SPECS[1]]
 
 
@@ -77,5 +83,7 @@ def test_bad_overrides(override: TensorOverride, message: str) -> None:
 
 def test_batching_needs_a_dynamic_first_dimension() -> None:
     check_batching(ModelConfig(max_batch_size=4), SPECS)
-    with pytest.raises(ModelLoadError, match="needs a dynamic first \\(batch\\) dimension, but 'f'"):
+    with pytest.raises(
+        ModelLoadError, match="needs a dynamic first \\(batch\\) dimension, but 'f'"
+    ):
         check_batching(ModelConfig(max_batch_size=4), [TensorSpec("f", DType.FLOAT32, (3, 2))])

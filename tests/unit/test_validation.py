@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from tensord.backends.base import TensorSpec
 from tensord.dtypes import DType
 from tensord.errors import InvalidArgumentError
@@ -47,7 +46,9 @@ def test_wrong_dtype() -> None:
 
 def test_string_to_float_input() -> None:
     strings = np.array([["a"] * 512] * 2, dtype=object)
-    assert "dtype DATA_TYPE_STRING does not match the model's DATA_TYPE_FLOAT32" in fails([("input", strings), GOOD[1]])
+    assert "dtype DATA_TYPE_STRING does not match the model's DATA_TYPE_FLOAT32" in fails(
+        [("input", strings), GOOD[1]]
+    )
 
 
 def test_wrong_rank() -> None:
@@ -58,7 +59,8 @@ def test_wrong_rank() -> None:
 
 def test_wrong_dimension() -> None:
     assert fails([("input", np.zeros((2, 256), np.float32)), GOOD[1]]) == (
-        "input 'input': dimension 1 is 256, but the model expects 512 (shape [-1, 512], -1 is dynamic)"
+        "input 'input': dimension 1 is 256, but the model expects 512 "
+        "(shape [-1, 512], -1 is dynamic)"
     )
 
 

@@ -6,10 +6,10 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
-
 from tensord.codec import decode_tensor, encode_tensor
 from tensord.v1 import inference_pb2 as pb
 
@@ -87,7 +87,9 @@ def predict_request(
     return pb.PredictRequest(
         model=model,
         version=version,
-        inputs=[encode_tensor(name, np.asarray(array), contents=typed) for name, array in inputs.items()],
+        inputs=[
+            encode_tensor(name, np.asarray(array), contents=typed) for name, array in inputs.items()
+        ],
         output_names=list(outputs or ()),
     )
 
@@ -102,7 +104,7 @@ def generate_request(
     prompt: str | None,
     token_ids: Iterable[int] | None,
     version: int,
-    sampling: Mapping[str, object],
+    sampling: Mapping[str, Any],
 ) -> pb.GenerateRequest:
     """A GenerateRequest; sampling keys are SamplingParams field names, None means unset."""
     params = pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None})

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
 from types import TracebackType
+from typing import Any
 
 import grpc
 import numpy as np
-
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
+
 from tensord_client._common import (
     DEFAULT_TARGET,
     TLSOptions,
@@ -57,8 +58,14 @@ class AsyncClient:
     ) -> dict[str, np.ndarray]:
         """Run `model` on named arrays; returns the named output arrays."""
         return predict_outputs(
-            await self.predict_response(model, inputs, version=version, outputs=outputs,
-                                        timeout=timeout, request_id=request_id)
+            await self.predict_response(
+                model,
+                inputs,
+                version=version,
+                outputs=outputs,
+                timeout=timeout,
+                request_id=request_id,
+            )
         )
 
     async def predict_response(
@@ -88,11 +95,13 @@ class AsyncClient:
         version: int = 0,
         timeout: float | None = None,
         request_id: str | None = None,
-        **sampling: object,
+        **sampling: Any,
     ) -> AsyncIterator[pb.GenerateResponse]:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...)."""
         request = generate_request(model, prompt, token_ids, version, sampling)
-        call = self._stub.Generate(request, timeout=self._deadline(timeout), metadata=metadata(request_id))
+        call = self._stub.Generate(
+            request, timeout=self._deadline(timeout), metadata=metadata(request_id)
+        )
         async for chunk in call:
             yield chunk
 
@@ -105,7 +114,9 @@ class AsyncClient:
 
     async def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
         """Server, devices, providers and models."""
-        response: pb.InfoResponse = await self._stub.Info(pb.InfoRequest(), timeout=self._deadline(timeout))
+        response: pb.InfoResponse = await self._stub.Info(
+            pb.InfoRequest(), timeout=self._deadline(timeout)
+        )
         return response
 
     async def close(self) -> None:
@@ -116,6 +127,9 @@ class AsyncClient:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.close()

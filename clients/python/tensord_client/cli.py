@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 import numpy as np
 from google.protobuf.json_format import MessageToDict
-
 from tensord.dtypes import DType
 from tensord.v1 import inference_pb2 as pb
+
 from tensord_client._common import DEFAULT_TARGET, TLSOptions
 from tensord_client.client import Client
 
@@ -24,7 +24,10 @@ def _to_dict(message: Any) -> dict[str, Any]:
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
     return "\n".join(lines)
 
 
@@ -35,15 +38,23 @@ def cmd_health(client: Client, args: argparse.Namespace) -> int:
         print(json.dumps(_to_dict(reply), indent=2))
     else:
         print(f"server: {pb.ServingStatus.Name(reply.status).removeprefix('SERVING_STATUS_')}")
-        rows = [[m.name, str(m.version), pb.ModelState.Name(m.state).removeprefix("MODEL_STATE_"), m.reason]
-                for m in reply.models]
+        rows = [
+            [
+                m.name,
+                str(m.version),
+                pb.ModelState.Name(m.state).removeprefix("MODEL_STATE_"),
+                m.reason,
+            ]
+            for m in reply.models
+        ]
         print(_table(rows, ["MODEL", "VERSION", "STATE", "REASON"]))
     return 0 if reply.status == pb.SERVING_STATUS_SERVING else 1
 
 
 def _spec(specs: Any) -> str:
     return ", ".join(
-        f"{s.name}:{pb.DataType.Name(s.dtype).removeprefix('DATA_TYPE_').lower()}{list(s.shape)}" for s in specs
+        f"{s.name}:{pb.DataType.Name(s.dtype).removeprefix('DATA_TYPE_').lower()}{list(s.shape)}"
+        for s in specs
     )
 
 
@@ -54,16 +65,29 @@ def cmd_info(client: Client, args: argparse.Namespace) -> int:
         print(json.dumps(_to_dict(reply), indent=2))
         return 0
     r = reply.runtime
-    print(f"tensord {reply.server_version}  python {r.python}  onnxruntime {r.onnxruntime}  grpcio {r.grpcio}")
+    print(
+        f"tensord {reply.server_version}  python {r.python}  "
+        f"onnxruntime {r.onnxruntime}  grpcio {r.grpcio}"
+    )
     print(f"cpu: {reply.cpu.model} ({reply.cpu.architecture}, {reply.cpu.logical_cores} cores)")
     for gpu in reply.gpus:
-        print(f"gpu {gpu.index}: {gpu.name}, {gpu.total_memory_bytes / 2**30:.1f} GiB, sm {gpu.compute_capability}")
+        print(
+            f"gpu {gpu.index}: {gpu.name}, {gpu.total_memory_bytes / 2**30:.1f} GiB, "
+            f"sm {gpu.compute_capability}"
+        )
     if not reply.gpus:
         print(f"gpu: none ({reply.gpu_unavailable_reason})")
     print(f"providers: {', '.join(reply.available_providers)}")
     rows = [
-        [m.name, str(m.version), pb.ModelState.Name(m.state).removeprefix("MODEL_STATE_"), m.provider,
-         str(m.max_batch_size), _spec(m.inputs), _spec(m.outputs)]
+        [
+            m.name,
+            str(m.version),
+            pb.ModelState.Name(m.state).removeprefix("MODEL_STATE_"),
+            m.provider,
+            str(m.max_batch_size),
+            _spec(m.inputs),
+            _spec(m.outputs),
+        ]
         for m in reply.models
     ]
     print(_table(rows, ["MODEL", "VERSION", "STATE", "PROVIDER", "MAX_BATCH", "INPUTS", "OUTPUTS"]))
@@ -90,7 +114,9 @@ def parse_inputs(specs: list[str], dtypes: dict[str, DType]) -> dict[str, np.nda
         try:
             data = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise SystemExit(f"tensorctl: --input {name}: not a .npy path nor JSON: {exc}") from None
+            raise SystemExit(
+                f"tensorctl: --input {name}: not a .npy path nor JSON: {exc}"
+            ) from None
         dtype = dtypes.get(name)
         inputs[name] = np.array(data, dtype=dtype.numpy if dtype is not None else None)
     return inputs
@@ -98,8 +124,11 @@ def parse_inputs(specs: list[str], dtypes: dict[str, DType]) -> dict[str, np.nda
 
 def cmd_predict(client: Client, args: argparse.Namespace) -> int:
     """Run a model; print the outputs, or write them as .npy files."""
-    dtypes = _input_dtypes(client, args.model, args.version) if any(
-        not s.endswith(".npy") for s in args.input) else {}
+    dtypes = (
+        _input_dtypes(client, args.model, args.version)
+        if any(not s.endswith(".npy") for s in args.input)
+        else {}
+    )
     inputs = parse_inputs(args.input, dtypes)
     outputs = client.predict(args.model, inputs, version=args.version, outputs=args.output or None)
     if args.output_dir:
@@ -110,8 +139,15 @@ def cmd_predict(client: Client, args: argparse.Namespace) -> int:
             print(f"{name}: {array.dtype} {list(array.shape)} -> {path}", file=sys.stderr)
         return 0
     if args.json:
-        print(json.dumps({name: {"dtype": str(a.dtype), "shape": list(a.shape), "values": a.tolist()}
-                          for name, a in outputs.items()}, default=str))
+        print(
+            json.dumps(
+                {
+                    name: {"dtype": str(a.dtype), "shape": list(a.shape), "values": a.tolist()}
+                    for name, a in outputs.items()
+                },
+                default=str,
+            )
+        )
         return 0
     for name, array in outputs.items():
         print(f"{name}: {array.dtype} {list(array.shape)}")
@@ -122,10 +158,14 @@ def cmd_predict(client: Client, args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """tensorctl's arguments."""
     parser = argparse.ArgumentParser(prog="tensorctl", description="Talk to a tensord daemon.")
-    parser.add_argument("--target", "-t", default=DEFAULT_TARGET, help=f"HOST:PORT (default {DEFAULT_TARGET})")
+    parser.add_argument(
+        "--target", "-t", default=DEFAULT_TARGET, help=f"HOST:PORT (default {DEFAULT_TARGET})"
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call in seconds")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
-    parser.add_argument("--tls-ca", type=Path, help="CA bundle (PEM) to verify the server: enables TLS")
+    parser.add_argument(
+        "--tls-ca", type=Path, help="CA bundle (PEM) to verify the server: enables TLS"
+    )
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="client private key (PEM) for mutual TLS")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,8 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="server, devices, providers and models").set_defaults(func=cmd_info)
     predict = sub.add_parser("predict", help="run a model on tensors")
     predict.add_argument("model")
-    predict.add_argument("--input", "-i", action="append", default=[], required=True,
-                         help="NAME=FILE.npy or NAME=JSON (JSON is cast to the model's dtype); repeat")
+    predict.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        default=[],
+        required=True,
+        help="NAME=FILE.npy or NAME=JSON (JSON is cast to the model's dtype); repeat",
+    )
     predict.add_argument("--output", "-o", action="append", help="only this output; repeat")
     predict.add_argument("--output-dir", type=Path, help="write each output to DIR/NAME.npy")
     predict.add_argument("--version", type=int, default=0, help="model version (0: newest ready)")
@@ -149,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tls = None
     if args.tls_ca or args.tls_cert:
-        tls = TLSOptions(root_certificates=args.tls_ca, certificate_chain=args.tls_cert, private_key=args.tls_key)
+        tls = TLSOptions(
+            root_certificates=args.tls_ca, certificate_chain=args.tls_cert, private_key=args.tls_key
+        )
     try:
         with Client(args.target, timeout=args.timeout, tls=tls) as client:
             return int(args.func(client, args))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
+from typing import Any
 
 import grpc
 import numpy as np
-
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
+
 from tensord_client._common import (
     DEFAULT_TARGET,
     TLSOptions,
@@ -62,8 +63,14 @@ class Client:
     ) -> dict[str, np.ndarray]:
         """Run `model` on named arrays; returns the named output arrays."""
         return predict_outputs(
-            self.predict_response(model, inputs, version=version, outputs=outputs,
-                                  timeout=timeout, request_id=request_id)
+            self.predict_response(
+                model,
+                inputs,
+                version=version,
+                outputs=outputs,
+                timeout=timeout,
+                request_id=request_id,
+            )
         )
 
     def predict_response(
@@ -93,11 +100,13 @@ class Client:
         version: int = 0,
         timeout: float | None = None,
         request_id: str | None = None,
-        **sampling: object,
+        **sampling: Any,
     ) -> Iterator[pb.GenerateResponse]:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...)."""
         request = generate_request(model, prompt, token_ids, version, sampling)
-        yield from self._stub.Generate(request, timeout=self._deadline(timeout), metadata=metadata(request_id))
+        yield from self._stub.Generate(
+            request, timeout=self._deadline(timeout), metadata=metadata(request_id)
+        )
 
     def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
         """Server and model health."""
@@ -108,7 +117,9 @@ class Client:
 
     def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
         """Server, devices, providers and models."""
-        response: pb.InfoResponse = self._stub.Info(pb.InfoRequest(), timeout=self._deadline(timeout))
+        response: pb.InfoResponse = self._stub.Info(
+            pb.InfoRequest(), timeout=self._deadline(timeout)
+        )
         return response
 
     def close(self) -> None:
@@ -119,6 +130,9 @@ class Client:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()

@@ -38,7 +38,9 @@ class Backend(Protocol):
     outputs: list[TensorSpec]
     placement: BackendPlacement
 
-    def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         """Run once; returns the named outputs in the order asked for."""
         ...
 

@@ -17,7 +17,6 @@ from tensord.dtypes import DType
 from tensord.errors import InternalError, ModelLoadError
 from tensord.registry.model_config import ModelConfig
 
-
 # Azure's provider calls a remote endpoint instead of running the graph here.
 _NOT_LOCAL = frozenset({"AzureExecutionProvider"})
 
@@ -32,7 +31,7 @@ _ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 
 def _to_numpy(value: ort.OrtValue) -> np.ndarray:
     if value.data_type() != "tensor(bfloat16)":
-        return value.numpy()  # type: ignore[no-any-return]
+        return value.numpy()
     shape = tuple(value.shape())
     count = int(np.prod(shape, dtype=np.int64))
     if count == 0:
@@ -61,7 +60,9 @@ def describe(args: Sequence[Any], what: str) -> list[TensorSpec]:
     for arg in args:
         dtype = dtypes.from_ort_type(arg.type)
         if dtype is None:
-            raise ModelLoadError(f"{what} {arg.name!r} has type {arg.type}, which tensord cannot carry")
+            raise ModelLoadError(
+                f"{what} {arg.name!r} has type {arg.type}, which tensord cannot carry"
+            )
         shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
         specs.append(TensorSpec(arg.name, dtype, shape))
     return specs
@@ -90,12 +91,14 @@ class OnnxRuntimeBackend:
         self.outputs = describe(self._session.get_outputs(), "output")
         self._bfloat16 = any(s.dtype is DType.BFLOAT16 for s in (*self.inputs, *self.outputs))
 
-    def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         """One blocking run. Safe to call from several threads at once."""
         try:
             if self._bfloat16:
                 return self._run_ort_values(inputs, output_names)
-            return self._session.run(list(output_names), dict(inputs))  # type: ignore[no-any-return]
+            return self._session.run(list(output_names), dict(inputs))
         except Exception as exc:
             raise InternalError(f"ONNX Runtime run failed: {exc}") from exc
 
@@ -117,4 +120,4 @@ class OnnxRuntimeBackend:
 
     def close(self) -> None:
         """Drop the session; ONNX Runtime frees its memory when the last reference goes."""
-        self._session = None  # type: ignore[assignment]
+        self._session = None

@@ -93,7 +93,9 @@ class ModelRunner:
             self.stats.completed += 1
         return RunResult(outputs, start - submitted, time.monotonic() - start)
 
-    def run_blocking(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run_blocking(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         """A direct run on the caller's thread (warm-up)."""
         return self._backend.run(inputs, output_names)
 

@@ -77,7 +77,9 @@ def _check_batch(inputs: dict[str, np.ndarray], max_batch_size: int) -> None:
         )
 
 
-def check_output_names(model: str, signature: Sequence[TensorSpec], asked: Sequence[str]) -> list[str]:
+def check_output_names(
+    model: str, signature: Sequence[TensorSpec], asked: Sequence[str]
+) -> list[str]:
     """The outputs to compute: those asked for (validated), or all of them."""
     if not asked:
         return [spec.name for spec in signature]

@@ -124,12 +124,20 @@ class ModelRegistry:
 
     @staticmethod
     def _log_loaded(entry: ModelVersion) -> None:
-        fields = {"model": entry.name, "version": entry.version, "load_ms": round(entry.load_time_s * 1e3, 1)}
+        fields = {
+            "model": entry.name,
+            "version": entry.version,
+            "load_ms": round(entry.load_time_s * 1e3, 1),
+        }
         if entry.state is ModelState.READY and entry.placement is not None:
             p = entry.placement
             log.info(
-                "model.loaded", **fields, backend=p.backend, provider=p.provider,
-                executor=p.executor, provider_reason=p.provider_reason,
+                "model.loaded",
+                **fields,
+                backend=p.backend,
+                provider=p.provider,
+                executor=p.executor,
+                provider_reason=p.provider_reason,
             )
         else:
             log.error("model.failed", **fields, reason=entry.reason)

@@ -1,11 +1,11 @@
 """Scanning a model repository directory: one subdirectory per model, numbered versions.
 
-    repository/
-      mlp/
-        model.toml          optional settings
-        1/model.onnx        version 1
-        2/model.onnx        version 2
-      tiny/model.onnx       no version directories: served as version 1
+repository/
+  mlp/
+    model.toml          optional settings
+    1/model.onnx        version 1
+    2/model.onnx        version 2
+  tiny/model.onnx       no version directories: served as version 1
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ def _scan_model(model_dir: Path) -> list[VersionSource]:
     for version in wanted:
         directory = on_disk.get(version)
         if directory is None:
-            reason = f"{model_dir}: model.toml lists version {version}, but {model_dir / str(version)} does not exist"
+            missing = model_dir / str(version)
+            reason = (
+                f"{model_dir}: model.toml lists version {version}, but {missing} does not exist"
+            )
             sources.append(VersionSource(name, version, model_dir / str(version), config, reason))
             continue
         path = directory / config.model_file

@@ -20,22 +20,32 @@ def apply_overrides(
         spec = by_name.get(override.name)
         where = f"model.toml {what}[{i}] {override.name!r}"
         if spec is None:
-            raise ModelLoadError(f"{where}: the model has no {what[:-1]} of that name; it has {sorted(by_name)}")
+            raise ModelLoadError(
+                f"{where}: the model has no {what[:-1]} of that name; it has {sorted(by_name)}"
+            )
         if override.dtype is not None and dtypes.parse(override.dtype) is not spec.dtype:
             raise ModelLoadError(
-                f"{where}: dtype {override.dtype} does not match the model's {spec.dtype.name.lower()}"
+                f"{where}: dtype {override.dtype} does not match the model's "
+                f"{spec.dtype.name.lower()}"
             )
         if override.shape is not None:
-            by_name[spec.name] = replace(spec, shape=_narrow(spec.shape, tuple(override.shape), where))
+            by_name[spec.name] = replace(
+                spec, shape=_narrow(spec.shape, tuple(override.shape), where)
+            )
     return [by_name[spec.name] for spec in specs]
 
 
 def _narrow(model: tuple[int, ...], wanted: tuple[int, ...], where: str) -> tuple[int, ...]:
     if len(model) != len(wanted):
-        raise ModelLoadError(f"{where}: shape {list(wanted)} has rank {len(wanted)}, the model's {list(model)} has {len(model)}")
+        raise ModelLoadError(
+            f"{where}: shape {list(wanted)} has rank {len(wanted)}, "
+            f"the model's {list(model)} has {len(model)}"
+        )
     for i, (m, w) in enumerate(zip(model, wanted, strict=True)):
         if m != -1 and w != m:
-            raise ModelLoadError(f"{where}: dimension {i} is fixed to {m} in the model, cannot be {w}")
+            raise ModelLoadError(
+                f"{where}: dimension {i} is fixed to {m} in the model, cannot be {w}"
+            )
     return wanted
 
 

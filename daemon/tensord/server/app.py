@@ -14,7 +14,12 @@ from tensord import __version__
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.devices import probe_gpus
-from tensord.registry.registry import BackendFactory, ModelRegistry, ModelState, default_backend_factory
+from tensord.registry.registry import (
+    BackendFactory,
+    ModelRegistry,
+    ModelState,
+    default_backend_factory,
+)
 from tensord.server.servicer import InferenceServicer
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
@@ -33,9 +38,13 @@ class TensordServer:
     Create it inside a running event loop: the grpc.aio server binds to that loop.
     """
 
-    def __init__(self, config: TensordConfig, backend_factory: BackendFactory = default_backend_factory) -> None:
+    def __init__(
+        self, config: TensordConfig, backend_factory: BackendFactory = default_backend_factory
+    ) -> None:
         self.config = config
-        self.registry = ModelRegistry(config.model_repository, backend_factory, self._models_changed)
+        self.registry = ModelRegistry(
+            config.model_repository, backend_factory, self._models_changed
+        )
         self.dataplane = DataPlane(self.registry)
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
@@ -49,7 +58,9 @@ class TensordServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pb_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(self.dataplane), self._server)
+        pb_grpc.add_InferenceServiceServicer_to_server(
+            InferenceServicer(self.dataplane), self._server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
@@ -67,7 +78,8 @@ class TensordServer:
         log.info("server.listening", listen=listen, port=self.port, version=__version__)
         gpus = await asyncio.to_thread(probe_gpus)
         log.info(
-            "server.devices", gpus=[g.name for g in gpus.gpus],
+            "server.devices",
+            gpus=[g.name for g in gpus.gpus],
             gpu_unavailable_reason=gpus.unavailable_reason or None,
         )
         await self.registry.load_all()
@@ -112,4 +124,6 @@ class TensordServer:
         await self.health.set(SERVICE_NAME, overall)
         for name in self.registry.names():
             ready = any(mv.state is ModelState.READY for mv in self.registry.get_versions(name))
-            await self.health.set(MODEL_HEALTH_PREFIX + name, _SERVING if serving and ready else _NOT_SERVING)
+            await self.health.set(
+                MODEL_HEALTH_PREFIX + name, _SERVING if serving and ready else _NOT_SERVING
+            )

@@ -11,7 +11,7 @@ import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
@@ -37,7 +37,7 @@ _CLIENT_CODES = frozenset(
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
-Ctx = grpc.aio.ServicerContext
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 def request_id(context: Ctx) -> str:
@@ -57,15 +57,36 @@ async def _fail(context: Ctx, rid: str, rpc: str, start: float, exc: BaseExcepti
     if isinstance(exc, TensordError):
         code, message = exc.code, exc.message
         if code in _CLIENT_CODES:
-            log.info("request.rejected", request_id=rid, rpc=rpc, status=code.name, error=message, total_ms=total_ms)
+            log.info(
+                "request.rejected",
+                request_id=rid,
+                rpc=rpc,
+                status=code.name,
+                error=message,
+                total_ms=total_ms,
+            )
         else:
-            log.error("request.failed", request_id=rid, rpc=rpc, status=code.name, error=message,
-                      total_ms=total_ms, exc_info=exc)
+            log.error(
+                "request.failed",
+                request_id=rid,
+                rpc=rpc,
+                status=code.name,
+                error=message,
+                total_ms=total_ms,
+                exc_info=exc,
+            )
     else:
         code = grpc.StatusCode.INTERNAL
         message = f"internal error; the server log has the details under request id {rid}"
-        log.error("request.failed", request_id=rid, rpc=rpc, status=code.name, error=repr(exc),
-                  total_ms=total_ms, exc_info=exc)
+        log.error(
+            "request.failed",
+            request_id=rid,
+            rpc=rpc,
+            status=code.name,
+            error=repr(exc),
+            total_ms=total_ms,
+            exc_info=exc,
+        )
     await context.abort(code, message, trailing_metadata=trailers)
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from typing import cast
 
-from tensord.codec import encode_tensor
-from tensord.codec import decode_tensor
+from tensord.backends.base import TensorSpec
+from tensord.codec import decode_tensor, encode_tensor, pb_dtype
 from tensord.dataplane import HealthReport, PredictCall, PredictResult, ServerInfo
 from tensord.registry.registry import ModelVersion
 from tensord.v1 import inference_pb2 as pb
@@ -19,7 +20,7 @@ def predict_call(request: pb.PredictRequest, time_remaining: float | None) -> Pr
 
 
 def predict_response(
-    result: PredictResult, encoding: pb.TensorEncoding.ValueType, total_us: int
+    result: PredictResult, encoding: pb.TensorEncoding, total_us: int
 ) -> pb.PredictResponse:
     """Encode a PredictResult, raw bytes unless typed contents were asked for."""
     contents = encoding == pb.TENSOR_ENCODING_CONTENTS
@@ -41,14 +42,18 @@ def health_response(report: HealthReport) -> pb.HealthResponse:
     return pb.HealthResponse(
         status=status,
         models=[
-            pb.ModelHealth(name=mv.name, version=mv.version, state=int(mv.state), reason=mv.reason)
+            pb.ModelHealth(name=mv.name, version=mv.version, state=_state(mv), reason=mv.reason)
             for mv in report.models
         ],
     )
 
 
-def _spec(spec) -> pb.TensorSpec:  # type: ignore[no-untyped-def]
-    return pb.TensorSpec(name=spec.name, dtype=int(spec.dtype), shape=spec.shape)
+def _state(mv: ModelVersion) -> pb.ModelState:
+    return cast(pb.ModelState, int(mv.state))
+
+
+def _spec(spec: TensorSpec) -> pb.TensorSpec:
+    return pb.TensorSpec(name=spec.name, dtype=pb_dtype(spec.dtype), shape=spec.shape)
 
 
 def model_info(mv: ModelVersion) -> pb.ModelInfo:
@@ -56,7 +61,7 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
     info = pb.ModelInfo(
         name=mv.name,
         version=mv.version,
-        state=int(mv.state),
+        state=_state(mv),
         reason=mv.reason,
         backend=mv.config.backend,
         inputs=[_spec(s) for s in mv.inputs],

@@ -23,15 +23,23 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self._dataplane = dataplane
 
     @unary_rpc
-    async def Predict(self, request: pb.PredictRequest, context: Ctx, rid: str) -> pb.PredictResponse:
+    async def Predict(
+        self, request: pb.PredictRequest, context: Ctx, rid: str
+    ) -> pb.PredictResponse:
         start = time.perf_counter()
         call = converters.predict_call(request, context.time_remaining())
         result = await self._dataplane.predict(call)
         total_us = int((time.perf_counter() - start) * 1e6)
         log.debug(
-            "request.finished", request_id=rid, rpc="Predict", model=result.model,
-            version=result.version, status="OK", queue_us=int(result.queue_s * 1e6),
-            compute_us=int(result.compute_s * 1e6), total_us=total_us,
+            "request.finished",
+            request_id=rid,
+            rpc="Predict",
+            model=result.model,
+            version=result.version,
+            status="OK",
+            queue_us=int(result.queue_s * 1e6),
+            compute_us=int(result.compute_s * 1e6),
+            total_us=total_us,
         )
         return converters.predict_response(result, request.output_encoding, total_us)
 

@@ -1,0 +1,80 @@
+# tensord: `make serve` and `make test` set everything up from a fresh clone.
+#
+# The CPU set (onnxruntime) and the GPU set (onnxruntime-gpu) both provide the
+# `onnxruntime` module and must never share an environment: each setup target
+# removes the other's package first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+DEMO_REPO ?= build/demo-models
+ARGS ?=
+
+.PHONY: setup setup-gpu proto demo serve test bench lint npm-deps clean help
+
+help:
+	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
+	@echo "make test       set up and run the tests"
+	@echo "make setup      virtualenv with the CPU dependency set (onnxruntime)"
+	@echo "make setup-gpu  virtualenv with the GPU dependency set (onnxruntime-gpu)"
+	@echo "make proto      regenerate the Python stubs from protos/"
+	@echo "make bench      run the benchmarks (writes benchmarks/results/)"
+	@echo "make lint       ruff and mypy"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.setup-cpu: pyproject.toml | $(PY)
+	$(PY) -m pip uninstall -y -q onnxruntime-gpu 2>/dev/null || true
+	$(PIP) install -e ".[cpu,dev]"
+	rm -f $(VENV)/.setup-gpu
+	touch $@
+
+$(VENV)/.setup-gpu: pyproject.toml | $(PY)
+	$(PY) -m pip uninstall -y -q onnxruntime 2>/dev/null || true
+	$(PIP) install -e ".[gpu,dev]"
+	rm -f $(VENV)/.setup-cpu
+	touch $@
+
+# Keep whichever set is installed; a fresh environment gets the CPU set.
+SETUP_STAMP := $(if $(wildcard $(VENV)/.setup-gpu),$(VENV)/.setup-gpu,$(VENV)/.setup-cpu)
+
+setup: $(VENV)/.setup-cpu
+setup-gpu: $(VENV)/.setup-gpu
+
+proto: $(SETUP_STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=daemon --pyi_out=daemon \
+		--grpc_python_out=daemon protos/tensord/v1/inference.proto
+
+protos/node_modules/.installed: protos/package-lock.json
+	npm ci --prefix protos --no-audit --no-fund
+	touch $@
+
+clients/node/node_modules/.installed: clients/node/package-lock.json
+	npm ci --prefix clients/node --no-audit --no-fund
+	touch $@
+
+npm-deps: protos/node_modules/.installed clients/node/node_modules/.installed
+
+$(DEMO_REPO)/.built: $(SETUP_STAMP) daemon/tensord/demo.py
+	$(VENV)/bin/tensord demo-repo $(DEMO_REPO)
+	touch $@
+
+demo: $(DEMO_REPO)/.built
+
+serve: $(SETUP_STAMP) demo
+	$(VENV)/bin/tensord serve --model-repository $(DEMO_REPO) $(ARGS)
+
+test: $(SETUP_STAMP) npm-deps
+	$(PY) -m pytest $(ARGS)
+
+bench: $(SETUP_STAMP) demo
+	$(PY) benchmarks/predict_bench.py $(ARGS)
+
+lint: $(SETUP_STAMP)
+	$(VENV)/bin/ruff check daemon clients/python tests benchmarks
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) build protos/node_modules clients/node/node_modules

@@ -1,0 +1,144 @@
+"""The daemon as systemd runs it: a subprocess, probed by health, driven by the client
+and tensorctl, stopped with SIGTERM while calls are in flight."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from tensord_client import Client
+
+from tests.e2e.conftest import Daemon, start_daemon
+
+pytestmark = pytest.mark.e2e
+
+
+def tensorctl(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tensord_client.cli", "--target", daemon.target, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_startup_logs_one_line_per_model(daemon: Daemon) -> None:
+    events = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
+    loaded = {e["model"]: e for e in events if e["event"] == "model.loaded"}
+    assert set(loaded) == {"mlp", "cnn"}
+    for entry in loaded.values():
+        assert {"version", "backend", "provider", "executor", "load_ms"} <= set(entry)
+    ready = next(e for e in events if e["event"] == "server.ready")
+    assert ready["ready"] == 2 and ready["failed"] == 0
+
+
+def test_client_and_cli(daemon: Daemon, demo_repo: Path, tmp_path: Path) -> None:
+    x = np.random.default_rng(3).normal(size=(2, 512)).astype(np.float32)
+    with Client(daemon.target) as client:
+        out = client.predict("mlp", {"input": x})["output"]
+    assert out.shape == (2, 10)
+
+    health = tensorctl(daemon, "health")
+    assert health.returncode == 0, health.stderr
+    assert health.stdout.splitlines()[0] == "server: SERVING"
+    assert "mlp    1        READY" in health.stdout
+
+    info = json.loads(tensorctl(daemon, "--json", "info").stdout)
+    assert sorted(m["name"] for m in info["models"]) == ["cnn", "mlp"]
+
+    np.save(tmp_path / "x.npy", x)
+    written = tensorctl(
+        daemon,
+        "predict",
+        "mlp",
+        "--input",
+        f"input={tmp_path / 'x.npy'}",
+        "--output-dir",
+        str(tmp_path / "out"),
+    )
+    assert written.returncode == 0, written.stderr
+    assert np.load(tmp_path / "out" / "output.npy").tobytes() == out.tobytes()
+
+    inline = tensorctl(
+        daemon, "--json", "predict", "mlp", "--input", f"input={json.dumps([[0.5] * 512])}"
+    )
+    assert inline.returncode == 0, inline.stderr
+    result = json.loads(inline.stdout)["output"]
+    assert result["dtype"] == "float32" and result["shape"] == [1, 10]
+
+    missing = tensorctl(daemon, "predict", "nope", "--input", "x=[1]")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("tensorctl: NOT_FOUND: model 'nope' not found")
+
+
+def slow_input(batch: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(batch).normal(size=(batch, 1024)).astype(np.float32)}
+
+
+def test_sigterm_drains_in_flight_calls(test_repo: Path, tmp_path: Path) -> None:
+    daemon = start_daemon(test_repo, tmp_path / "tensord.log")
+    try:
+        with Client(daemon.target, timeout=60, retries=0) as client:
+            compute_us = client.predict_response("slow", slow_input(64)).timing.compute_us
+            batch = int(np.clip(64 * 200_000 / max(compute_us, 1), 8, 512))  # ~0.2 s per run
+            with ThreadPoolExecutor(8) as pool:
+                calls = [pool.submit(client.predict, "slow", slow_input(batch)) for _ in range(8)]
+                time.sleep(0.3)  # all eight are queued or running on the one instance
+                daemon.process.send_signal(15)
+                results = [c.result(timeout=60) for c in calls]
+        assert all(r["y"].shape == (batch, 1024) for r in results)
+        assert daemon.process.wait(60) == 0
+        events = [
+            json.loads(line)["event"] for line in daemon.log().splitlines() if line.startswith("{")
+        ]
+        assert events[-2:] == ["server.draining", "server.stopped"]
+        with (
+            Client(daemon.target, timeout=2, retries=0) as client,
+            pytest.raises(grpc.RpcError) as info,
+        ):
+            client.health()
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+
+
+def test_bad_config_exits_with_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "tensord.toml"
+    config.write_text('[server]\nlisten = "localhost"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "tensord.cli", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "server.listen: Value error, expected HOST:PORT" in result.stderr
+
+
+def test_inspect(demo_repo: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensord.cli",
+            "inspect",
+            "--json",
+            str(demo_repo / "mlp" / "1" / "model.onnx"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(result.stdout)
+    assert report["opsets"] == {"ai.onnx": 17}
+    assert report["inputs"] == [{"name": "input", "dtype": "DATA_TYPE_FLOAT32", "shape": [-1, 512]}]
+    assert "CPUExecutionProvider" in report["runnable_providers"]
+    assert report["producer"] == "tensord-demo"
