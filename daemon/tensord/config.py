@@ -67,7 +67,6 @@ def load_config(
     Override keys are dotted paths such as ``server.listen`` or ``model_repository``.
     """
     data: dict[str, Any] = {}
-    base = Path.cwd()
     if path is not None:
         try:
             data = tomllib.loads(path.read_text())
@@ -75,7 +74,11 @@ def load_config(
             raise ConfigError(f"config {path}: cannot read: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
-        base = path.parent
+        # A relative repository in the file is relative to the file; from a flag or
+        # variable, to the working directory.
+        repo = data.get("model_repository")
+        if isinstance(repo, str) and not Path(repo).is_absolute():
+            data["model_repository"] = str(path.parent / repo)
     for key, value in _env_overrides(os.environ if env is None else env).items():
         _set_dotted(data, key, value)
     for key, value in (overrides or {}).items():
@@ -85,8 +88,7 @@ def load_config(
         config = TensordConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(path or "(defaults)"))) from None
-    if not config.model_repository.is_absolute():
-        config.model_repository = (base / config.model_repository).resolve()
+    config.model_repository = config.model_repository.resolve()
     return config
 
 

@@ -95,3 +95,12 @@ def test_model_toml_validation(tmp_path: Path) -> None:
     )
     assert "max_batch_size: Input should be greater than or equal to 0 (got -1)" in text
     assert "batch: unknown key" in text
+
+
+def test_relative_repository_from_a_flag_is_from_the_working_directory(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "tensord.toml"
+    path.parent.mkdir()
+    path.write_text('model_repository = "models"\n')
+    assert load_config(path, env={}).model_repository == tmp_path / "etc" / "models"
+    flagged = load_config(path, env={}, overrides={"model_repository": "repo"})
+    assert flagged.model_repository == Path.cwd() / "repo"
