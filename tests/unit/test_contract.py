@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,19 +9,11 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2
 
+from tests.tools import buf
+
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "protos" / "tensord" / "v1" / "inference.proto"
 GENERATED = ROOT / "daemon" / "tensord" / "v1"
-
-
-def require_tool(path: Path | None, what: str, install: str) -> Path:
-    """The tool's path; a missing tool fails under CI=true and skips elsewhere."""
-    if path is not None and path.exists():
-        return path
-    message = f"{what} is not installed; run `{install}`"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def test_generated_code_is_current(tmp_path: Path) -> None:
@@ -47,14 +37,9 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
 
 
 def test_buf_lint() -> None:
-    local = ROOT / "protos" / "node_modules" / ".bin" / "buf"
-    found = shutil.which("buf")
-    buf = require_tool(
-        local if local.exists() else (Path(found) if found else None),
-        "buf",
-        "npm ci --prefix protos",
+    result = subprocess.run(
+        [str(buf()), "lint"], cwd=ROOT / "protos", capture_output=True, text=True
     )
-    result = subprocess.run([str(buf), "lint"], cwd=ROOT / "protos", capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,0 +1,29 @@
+"""External tools the tests drive (buf, node): found, or failed under CI, or skipped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def require_tool(path: Path | None, what: str, install: str) -> Path:
+    """The tool's path; a missing tool fails under CI=true and skips elsewhere."""
+    if path is not None and path.exists():
+        return path
+    message = f"{what} is not installed; run `{install}`"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def buf() -> Path:
+    """The buf CLI that `npm ci --prefix protos` installs (or one on PATH)."""
+    local = ROOT / "protos" / "node_modules" / ".bin" / "buf"
+    found = shutil.which("buf")
+    candidate = local if local.exists() else (Path(found) if found else None)
+    return require_tool(candidate, "buf", "npm ci --prefix protos")
