@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tensord.config import TensordConfig, load_config
 from tensord.demo import build_demo_repository
 from tensord.server.app import TensordServer
-
 from tests.models import build_test_repository
 
 

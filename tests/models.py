@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
 from tensord.demo import IR_VERSION, OPSET, build_demo_repository
 
 # Every dtype the contract carries, with the ONNX type that holds it.
@@ -93,6 +95,15 @@ def build_test_repository(root: Path) -> Path:
     # Two versions of one model: version 2 doubles, version 1 is the identity.
     build_identity(root / "versioned" / "1" / "model.onnx", TensorProto.FLOAT)
     _build_double(root / "versioned" / "2" / "model.onnx")
+    # The demo models again, with dynamic batching on.
+    for name, delay_us, preferred in (("mlp", 2000, [16, 32]), ("cnn", 2000, [8])):
+        batched = root / f"{name}_batched"
+        (batched / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / name / "1" / "model.onnx", batched / "1" / "model.onnx")
+        (batched / "model.toml").write_text(
+            f"max_batch_size = 32\n[dynamic_batching]\nmax_queue_delay_microseconds = {delay_us}\n"
+            f"preferred_batch_size = {preferred}\n"
+        )
     broken = root / "broken" / "1" / "model.onnx"
     broken.parent.mkdir(parents=True, exist_ok=True)
     broken.write_bytes(b"this is not an ONNX file")

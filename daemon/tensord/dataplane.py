@@ -79,7 +79,10 @@ class DataPlane:
             raise UnavailableError(
                 f"model {entry.name!r} version {entry.version} is {entry.state.name}"
             )
-        result = await runner.run(inputs, names, call.deadline)
+        if entry.batcher is not None:
+            result = await entry.batcher.submit(inputs, names, call.deadline)
+        else:
+            result = await runner.run(inputs, names, call.deadline)
         return PredictResult(
             entry.name,
             entry.version,

@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from tensord_client import Client
 
+from tensord_client import Client
 from tests.e2e.conftest import Daemon, start_daemon
 
 pytestmark = pytest.mark.e2e

@@ -10,10 +10,10 @@ from collections.abc import Callable
 import grpc
 import numpy as np
 import pytest
+
 from tensord.codec import encode_tensor
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
-
 from tests.conftest import ServerThread
 
 Code = grpc.StatusCode

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from tensord.v1 import inference_pb2 as pb
 from tensord_client import Client
-
 from tests.conftest import ServerThread
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

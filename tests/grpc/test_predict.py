@@ -8,10 +8,10 @@ import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
+
 from tensord.backends.onnxruntime import session_options
 from tensord.registry.model_config import ModelConfig
 from tensord_client import Client
-
 from tests.conftest import ServerThread
 from tests.models import IDENTITY_DTYPES
 
@@ -100,6 +100,7 @@ def test_versions_latest_by_default(client: Client) -> None:
 
 def test_request_id_is_echoed(server: ServerThread) -> None:
     import grpc
+
     from tensord.v1 import inference_pb2 as pb
     from tensord.v1 import inference_pb2_grpc as pb_grpc
 

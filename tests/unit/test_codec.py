@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from tensord.codec import decode_tensor, encode_raw_strings, encode_tensor
 from tensord.dtypes import DType
 from tensord.errors import InvalidArgumentError

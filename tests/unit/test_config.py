@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tensord.config import env_keys, load_config
 from tensord.errors import ConfigError, ModelLoadError
 from tensord.registry.model_config import read_model_config
@@ -104,3 +105,24 @@ def test_relative_repository_from_a_flag_is_from_the_working_directory(tmp_path:
     assert load_config(path, env={}).model_repository == tmp_path / "etc" / "models"
     flagged = load_config(path, env={}, overrides={"model_repository": "repo"})
     assert flagged.model_repository == Path.cwd() / "repo"
+
+
+def test_dynamic_batching_settings(tmp_path: Path) -> None:
+    (tmp_path / "model.toml").write_text(
+        "max_batch_size = 16\n[dynamic_batching]\npreferred_batch_size = [8, 4, 8]\n"
+        "max_queue_delay_microseconds = 500\nmax_queue_size = 100\n"
+    )
+    batching = read_model_config(tmp_path).dynamic_batching
+    assert batching is not None
+    assert batching.preferred_batch_size == [4, 8]
+    assert (batching.max_queue_delay_microseconds, batching.max_queue_size) == (500, 100)
+    (tmp_path / "model.toml").write_text("[dynamic_batching]\n")
+    with pytest.raises(ModelLoadError, match=r"\[dynamic_batching\] needs max_batch_size > 0"):
+        read_model_config(tmp_path)
+    (tmp_path / "model.toml").write_text(
+        "max_batch_size = 4\n[dynamic_batching]\npreferred_batch_size = [8]\n"
+    )
+    with pytest.raises(
+        ModelLoadError, match=r"preferred_batch_size \[8\] exceeds max_batch_size 4"
+    ):
+        read_model_config(tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tensord.backends.base import TensorSpec
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from tensord.backends.base import TensorSpec
 from tensord.dtypes import DType
 from tensord.errors import InvalidArgumentError

@@ -37,6 +37,13 @@ class RunResult:
     compute_s: float
 
 
+def join_inputs(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One request's inputs as they are; several joined along dimension 0."""
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
 class ModelRunner:
     """`instance_count` concurrent runs of one backend, on a thread pool of that size."""
 
@@ -70,12 +77,14 @@ class ModelRunner:
 
     def _run(
         self,
-        inputs: Mapping[str, np.ndarray],
+        inputs: Mapping[str, np.ndarray] | list[dict[str, np.ndarray]],
         output_names: Sequence[str],
         deadline: float | None,
         submitted: float,
     ) -> RunResult:
         start = time.monotonic()
+        if isinstance(inputs, list):
+            inputs = join_inputs(inputs)
         if deadline is not None and start >= deadline:
             raise DeadlineExceededError(
                 f"the deadline passed after {(start - submitted) * 1e3:.1f} ms in the queue; "
@@ -92,6 +101,15 @@ class ModelRunner:
         with self._stats_lock:
             self.stats.completed += 1
         return RunResult(outputs, start - submitted, time.monotonic() - start)
+
+    async def run_joined(
+        self, parts: list[dict[str, np.ndarray]], output_names: Sequence[str]
+    ) -> tuple[list[np.ndarray], float]:
+        """Join requests along dimension 0 and run them once (the batcher's runner)."""
+        result = await asyncio.wrap_future(
+            self._pool.submit(self._run, parts, output_names, None, time.monotonic())
+        )
+        return result.outputs, result.compute_s
 
     def run_blocking(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]

@@ -6,7 +6,14 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tensord import dtypes
 from tensord.backends.providers import normalise_provider
@@ -43,6 +50,28 @@ class TensorOverride(BaseModel):
         return value
 
 
+class DynamicBatchingConfig(BaseModel):
+    """The `[dynamic_batching]` table: present means Predict requests are batched."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preferred_batch_size: list[int] = Field(default_factory=list)
+    """Batch sizes that dispatch at once when reached."""
+    max_queue_delay_microseconds: int = Field(default=0, ge=0)
+    """How long a forming batch may wait for more requests after its oldest arrived."""
+    max_queue_size: int = Field(default=0, ge=0)
+    """Requests that may wait; beyond it RESOURCE_EXHAUSTED. 0 means unbounded."""
+    default_timeout_microseconds: int = Field(default=0, ge=0)
+    """Deadline for requests that bring none; 0 means none."""
+
+    @field_validator("preferred_batch_size")
+    @classmethod
+    def _check_preferred(cls, value: list[int]) -> list[int]:
+        if any(v < 1 for v in value):
+            raise ValueError(f"preferred batch sizes must be >= 1, got {value}")
+        return sorted(set(value))
+
+
 class ModelConfig(BaseModel):
     """One model's settings. Every key is optional; the directory name is the default name."""
 
@@ -71,12 +100,29 @@ class ModelConfig(BaseModel):
     """Runs of this model that may execute at the same time."""
     max_batch_size: int = Field(default=0, ge=0)
     """Largest first (batch) dimension per request; 0 means the model does not batch."""
+    dynamic_batching: DynamicBatchingConfig | None = None
+    """Join compatible requests along the batch dimension (needs max_batch_size > 0)."""
     warmup: bool = True
     """Run the model once before it reports READY."""
     inputs: list[TensorOverride] = Field(default_factory=list)
     """Overrides for inputs."""
     outputs: list[TensorOverride] = Field(default_factory=list)
     """Overrides for outputs."""
+
+    @model_validator(mode="after")
+    def _check_batching(self) -> ModelConfig:
+        batching = self.dynamic_batching
+        if batching is None:
+            return self
+        if self.max_batch_size == 0:
+            raise ValueError("[dynamic_batching] needs max_batch_size > 0")
+        too_big = [v for v in batching.preferred_batch_size if v > self.max_batch_size]
+        if too_big:
+            raise ValueError(
+                f"dynamic_batching.preferred_batch_size {too_big} exceeds max_batch_size "
+                f"{self.max_batch_size}"
+            )
+        return self
 
     @field_validator("versions")
     @classmethod

@@ -13,6 +13,7 @@ import numpy as np
 import structlog
 
 from tensord.backends.base import Backend, BackendPlacement, TensorSpec
+from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
 from tensord.predict.runner import ModelRunner
@@ -47,6 +48,7 @@ class ModelVersion:
     placement: BackendPlacement | None = None
     load_time_s: float = 0.0
     runner: ModelRunner | None = None
+    batcher: DynamicBatcher | None = None
     backend: Backend | None = None
 
 
@@ -98,6 +100,7 @@ class ModelRegistry:
             if src.error:
                 raise ModelLoadError(src.error)
             await asyncio.to_thread(self._load_blocking, entry)
+            entry.batcher = _make_batcher(entry)
         except ModelLoadError as exc:
             entry.state, entry.reason = ModelState.FAILED, str(exc)
         except Exception as exc:  # a model must never take the daemon down
@@ -175,6 +178,8 @@ class ModelRegistry:
             entry.state = ModelState.UNLOADING
         self._on_change()
         for entry in self.versions():
+            if entry.batcher is not None:
+                await entry.batcher.close()
             if entry.runner is not None:
                 entry.runner.close()
             if entry.backend is not None:
@@ -185,6 +190,23 @@ def _not_ready(entry: ModelVersion) -> str:
     state = entry.state.name
     detail = f": {entry.reason}" if entry.reason else ""
     return f"model {entry.name!r} version {entry.version} is {state}{detail}"
+
+
+def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:
+    """A batcher when model.toml has [dynamic_batching] (created on the event loop)."""
+    config, runner = entry.config, entry.runner
+    if config.dynamic_batching is None or runner is None:
+        return None
+    db = config.dynamic_batching
+    settings = BatchingSettings(
+        max_batch_size=config.max_batch_size,
+        preferred_batch_size=tuple(db.preferred_batch_size),
+        max_queue_delay_s=db.max_queue_delay_microseconds / 1e6,
+        max_queue_size=db.max_queue_size,
+        default_timeout_s=db.default_timeout_microseconds / 1e6,
+        instances=config.instance_count,
+    )
+    return DynamicBatcher(entry.name, settings, runner.run_joined)
 
 
 def _warm_up(runner: ModelRunner, entry: ModelVersion) -> None:

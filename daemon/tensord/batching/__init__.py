@@ -1,0 +1,1 @@
+"""Dynamic batching for Predict: compatible requests joined along the batch dimension."""

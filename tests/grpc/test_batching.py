@@ -1,0 +1,67 @@
+"""Dynamic batching through a real server: joined requests get exactly their own outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from tensord.backends.onnxruntime import session_options
+from tensord.registry.model_config import ModelConfig
+from tensord_client import AsyncClient
+from tests.conftest import ServerThread
+
+
+async def run_mixed(target: str, model: str, make_input, seed: int):  # type: ignore[no-untyped-def]
+    """40 requests of 1-5 rows with staggered arrivals, 40 in flight at most."""
+    rng = random.Random(seed)
+    async with AsyncClient(target, retries=0) as client:
+
+        async def one(i: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+            await asyncio.sleep(rng.random() * 0.05)
+            inputs = make_input(np.random.default_rng(seed * 1000 + i), rng.randint(1, 5))
+            return inputs, await client.predict(model, inputs)
+
+        return await asyncio.gather(*(one(i) for i in range(40)))
+
+
+def alone(path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(
+        str(path), session_options(ModelConfig()), providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, inputs)
+
+
+def mlp_input(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    return {"input": rng.normal(size=(n, 512)).astype(np.float32)}
+
+
+def cnn_input(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    return {"image": rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)}
+
+
+async def test_mlp_batched_outputs_are_bit_exact(server: ServerThread, test_repo: Path) -> None:
+    batcher = server.server.registry.get("mlp_batched").batcher  # type: ignore[union-attr]
+    assert batcher is not None
+    before = batcher.stats.requests, batcher.stats.batches
+    results = await run_mixed(server.target, "mlp_batched", mlp_input, seed=1)
+    path = test_repo / "mlp_batched" / "1" / "model.onnx"
+    for inputs, outputs in results:
+        (expected,) = alone(path, inputs)
+        assert outputs["output"].tobytes() == expected.tobytes()
+    requests = batcher.stats.requests - before[0]
+    batches = batcher.stats.batches - before[1]
+    assert requests == 40
+    assert batches < requests, "no two requests were ever joined"
+    assert max(batcher.stats.batch_sizes) <= 32
+
+
+async def test_cnn_batched_outputs_are_bit_exact(server: ServerThread, test_repo: Path) -> None:
+    results = await run_mixed(server.target, "cnn_batched", cnn_input, seed=2)
+    path = test_repo / "cnn_batched" / "1" / "model.onnx"
+    for inputs, outputs in results:
+        (expected,) = alone(path, inputs)
+        assert outputs["probabilities"].tobytes() == expected.tobytes()
