@@ -212,14 +212,23 @@ def in_background(fn: Callable[[], object]) -> threading.Thread:
     return thread
 
 
+def hold_the_instance(stub: pb_grpc.InferenceServiceStub, server: ServerThread, batch: int):  # type: ignore[no-untyped-def]
+    """Start a long run on the slow model's only instance; return its thread and stats."""
+    stats = server.server.registry.get("slow").runner.stats  # type: ignore[union-attr]
+    started, completed = stats.started, stats.completed
+    thread = in_background(lambda: stub.Predict(slow_request(batch), timeout=60))
+    deadline = time.monotonic() + 10
+    while stats.started == started and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert stats.started == started + 1 and stats.completed == completed
+    return thread, stats, started, completed
+
+
 def test_deadline_while_queued_never_runs(
     stub: pb_grpc.InferenceServiceStub, server: ServerThread
 ) -> None:
     batch, seconds = calibrate(stub)
-    stats = server.server.registry.get("slow").runner.stats  # type: ignore[union-attr]
-    started = stats.started
-    first = in_background(lambda: stub.Predict(slow_request(batch), timeout=60))
-    time.sleep(seconds / 4)  # the first run holds the only instance
+    first, stats, started, _ = hold_the_instance(stub, server, batch)
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(slow_request(1), timeout=seconds / 4)
     assert info.value.code() == Code.DEADLINE_EXCEEDED
@@ -243,12 +252,10 @@ def test_cancelled_while_queued_never_runs(
     stub: pb_grpc.InferenceServiceStub, server: ServerThread
 ) -> None:
     batch, seconds = calibrate(stub)
-    stats = server.server.registry.get("slow").runner.stats  # type: ignore[union-attr]
-    started = stats.started
-    first = in_background(lambda: stub.Predict(slow_request(batch), timeout=60))
-    time.sleep(seconds / 4)
+    first, stats, started, completed = hold_the_instance(stub, server, batch)
     future = stub.Predict.future(slow_request(1), timeout=60)
     time.sleep(seconds / 4)
+    assert stats.completed == completed, "the held run must still be running"
     assert future.cancel()
     first.join()
     time.sleep(0.2)
