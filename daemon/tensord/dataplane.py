@@ -74,15 +74,15 @@ class DataPlane:
         entry = self.registry.get(call.model, call.version)
         inputs = check_inputs(entry.name, entry.inputs, call.inputs, entry.config.max_batch_size)
         names = check_output_names(entry.name, entry.outputs, call.output_names)
-        runner = entry.runner
-        if runner is None or entry.state is not ModelState.READY:  # unloaded between get and run
+        executor = entry.executor
+        if executor is None or entry.state is not ModelState.READY:  # unloaded between get and run
             raise UnavailableError(
                 f"model {entry.name!r} version {entry.version} is {entry.state.name}"
             )
         if entry.batcher is not None:
             result = await entry.batcher.submit(inputs, names, call.deadline)
         else:
-            result = await runner.run(inputs, names, call.deadline)
+            result = await executor.run([inputs], names, call.deadline)
         return PredictResult(
             entry.name,
             entry.version,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tensord.codec import encode_tensor
+from tensord.executor.base import ExecutorStats
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tests.conftest import ServerThread
@@ -212,29 +213,40 @@ def in_background(fn: Callable[[], object]) -> threading.Thread:
     return thread
 
 
-def hold_the_instance(stub: pb_grpc.InferenceServiceStub, server: ServerThread, batch: int):  # type: ignore[no-untyped-def]
-    """Start a long run on the slow model's only instance; return its thread and stats."""
-    stats = server.server.registry.get("slow").runner.stats  # type: ignore[union-attr]
-    started, completed = stats.started, stats.completed
+def slow_stats(server: ServerThread) -> ExecutorStats:
+    return server.server.registry.get("slow").executor.stats()  # type: ignore[union-attr]
+
+
+def hold_the_instance(
+    stub: pb_grpc.InferenceServiceStub, server: ServerThread, batch: int
+) -> tuple[threading.Thread, int]:
+    """Start a long run on the slow model's only lane; return its thread and runs so far."""
+    started = slow_stats(server).started
     thread = in_background(lambda: stub.Predict(slow_request(batch), timeout=60))
     deadline = time.monotonic() + 10
-    while stats.started == started and time.monotonic() < deadline:
+    while slow_stats(server).started == started and time.monotonic() < deadline:
         time.sleep(0.005)
-    assert stats.started == started + 1 and stats.completed == completed
-    return thread, stats, started, completed
+    assert slow_stats(server).started == started + 1 and slow_stats(server).running == 1
+    return thread, started + 1
+
+
+def assert_never_ran(server: ServerThread, first: threading.Thread, started: int) -> None:
+    first.join()
+    time.sleep(0.2)
+    stats = slow_stats(server)
+    assert stats.started == started, "the dropped request must not run"
+    assert stats.queue_depth == 0 and stats.running == 0
 
 
 def test_deadline_while_queued_never_runs(
     stub: pb_grpc.InferenceServiceStub, server: ServerThread
 ) -> None:
     batch, seconds = calibrate(stub)
-    first, stats, started, _ = hold_the_instance(stub, server, batch)
+    first, started = hold_the_instance(stub, server, batch)
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(slow_request(1), timeout=seconds / 4)
     assert info.value.code() == Code.DEADLINE_EXCEEDED
-    first.join()
-    time.sleep(0.2)
-    assert stats.started == started + 1, "the expired request must not run"
+    assert_never_ran(server, first, started)
     assert_still_serving(stub)
 
 
@@ -252,12 +264,10 @@ def test_cancelled_while_queued_never_runs(
     stub: pb_grpc.InferenceServiceStub, server: ServerThread
 ) -> None:
     batch, seconds = calibrate(stub)
-    first, stats, started, completed = hold_the_instance(stub, server, batch)
+    first, started = hold_the_instance(stub, server, batch)
     future = stub.Predict.future(slow_request(1), timeout=60)
     time.sleep(seconds / 4)
-    assert stats.completed == completed, "the held run must still be running"
+    assert slow_stats(server).running == 1, "the held run must still be running"
     assert future.cancel()
-    first.join()
-    time.sleep(0.2)
-    assert stats.started == started + 1, "the cancelled request must not run"
+    assert_never_ran(server, first, started)
     assert_still_serving(stub)

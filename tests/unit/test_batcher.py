@@ -11,7 +11,8 @@ import pytest
 
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.errors import DeadlineExceededError, ResourceExhaustedError
-from tensord.predict.runner import join_inputs
+from tensord.executor.base import RunResult
+from tensord.executor.cpu import join_into
 
 
 class Recorder:
@@ -22,13 +23,11 @@ class Recorder:
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def __call__(
-        self, parts: list[dict[str, np.ndarray]], names: Sequence[str]
-    ) -> tuple[list[np.ndarray], float]:
+    async def __call__(self, parts: list[dict[str, np.ndarray]], names: Sequence[str]) -> RunResult:
         self.batches.append([p["x"].shape[0] for p in parts])
         await self.gate.wait()
-        x = join_inputs(parts)["x"]
-        return [x * 3], 0.0
+        x = join_into(parts, lambda n: np.empty(n, np.uint8))["x"]
+        return RunResult([x * 3], 0.0, 0.0)
 
 
 def make(recorder: Recorder, **kw: object) -> DynamicBatcher:

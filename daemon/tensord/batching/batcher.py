@@ -19,15 +19,13 @@ import numpy as np
 import structlog
 
 from tensord.errors import DeadlineExceededError, ResourceExhaustedError, UnavailableError
-from tensord.predict.runner import RunResult
+from tensord.executor.base import RunResult
 
 log = structlog.get_logger("tensord.batching")
 
-# Joins the requests' inputs along dimension 0 and runs them once, off the event loop;
-# returns the joined outputs and the compute seconds.
-BatchRunner = Callable[
-    [list[dict[str, np.ndarray]], Sequence[str]], Awaitable[tuple[list[np.ndarray], float]]
-]
+# Joins the requests' inputs along dimension 0 and runs them once, off the event loop
+# (an executor's `run`).
+BatchRunner = Callable[[list[dict[str, np.ndarray]], Sequence[str]], Awaitable[RunResult]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -223,15 +221,14 @@ class DynamicBatcher:
             live = [p for p in batch if not p.future.done()]
             if not live:
                 return
-            outputs, compute_s = await self._run_batch(
-                [p.inputs for p in live], live[0].output_names
-            )
+            result = await self._run_batch([p.inputs for p in live], live[0].output_names)
             self._record(live)
             offset = 0
             for pending in live:
                 if not pending.future.done():
-                    share = [out[offset : offset + pending.size] for out in outputs]
-                    pending.future.set_result(RunResult(share, start - pending.arrived, compute_s))
+                    share = [out[offset : offset + pending.size] for out in result.outputs]
+                    queue_s = start - pending.arrived + result.queue_s
+                    pending.future.set_result(RunResult(share, queue_s, result.compute_s))
                 offset += pending.size
         except Exception as exc:
             for pending in batch:

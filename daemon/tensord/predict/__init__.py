@@ -1,1 +1,1 @@
-"""The Predict path: signature checks and the runner that queues and runs requests."""
+"""The Predict path: signature checks before a request is queued."""

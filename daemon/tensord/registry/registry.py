@@ -1,4 +1,4 @@
-"""The registry: every model version, its state, and the runner that serves it."""
+"""The registry: every model version, its state, and the executor that runs it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from tensord.backends.base import Backend, BackendPlacement, TensorSpec
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
-from tensord.predict.runner import ModelRunner
+from tensord.executor.base import Executor
+from tensord.executor.cpu import CpuExecutor
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.repository import VersionSource, scan_repository
 from tensord.registry.signature import apply_overrides, check_batching
@@ -47,7 +48,7 @@ class ModelVersion:
     outputs: list[TensorSpec] = field(default_factory=list)
     placement: BackendPlacement | None = None
     load_time_s: float = 0.0
-    runner: ModelRunner | None = None
+    executor: Executor | None = None
     batcher: DynamicBatcher | None = None
     backend: Backend | None = None
 
@@ -117,13 +118,13 @@ class ModelRegistry:
             entry.inputs = apply_overrides(backend.inputs, entry.config.inputs, "inputs")
             entry.outputs = apply_overrides(backend.outputs, entry.config.outputs, "outputs")
             check_batching(entry.config, [*entry.inputs, *entry.outputs])
-            runner = ModelRunner(entry.name, backend, entry.config.instance_count)
+            executor = CpuExecutor(entry.name, backend, entry.config.instance_count)
             if entry.config.warmup:
-                _warm_up(runner, entry)
+                _warm_up(executor, entry)
         except BaseException:
             backend.close()
             raise
-        entry.backend, entry.runner, entry.placement = backend, runner, backend.placement
+        entry.backend, entry.executor, entry.placement = backend, executor, backend.placement
 
     @staticmethod
     def _log_loaded(entry: ModelVersion) -> None:
@@ -180,8 +181,8 @@ class ModelRegistry:
         for entry in self.versions():
             if entry.batcher is not None:
                 await entry.batcher.close()
-            if entry.runner is not None:
-                entry.runner.close()
+            if entry.executor is not None:
+                entry.executor.close()
             if entry.backend is not None:
                 entry.backend.close()
 
@@ -194,8 +195,8 @@ def _not_ready(entry: ModelVersion) -> str:
 
 def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:
     """A batcher when model.toml has [dynamic_batching] (created on the event loop)."""
-    config, runner = entry.config, entry.runner
-    if config.dynamic_batching is None or runner is None:
+    config, executor = entry.config, entry.executor
+    if config.dynamic_batching is None or executor is None:
         return None
     db = config.dynamic_batching
     settings = BatchingSettings(
@@ -206,10 +207,10 @@ def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:
         default_timeout_s=db.default_timeout_microseconds / 1e6,
         instances=config.instance_count,
     )
-    return DynamicBatcher(entry.name, settings, runner.run_joined)
+    return DynamicBatcher(entry.name, settings, executor.run)
 
 
-def _warm_up(runner: ModelRunner, entry: ModelVersion) -> None:
+def _warm_up(executor: Executor, entry: ModelVersion) -> None:
     """One run on zeros (batch 1, dynamic dims 1) so the first request pays no lazy set-up."""
     feeds = {}
     for spec in entry.inputs:
@@ -219,7 +220,7 @@ def _warm_up(runner: ModelRunner, entry: ModelVersion) -> None:
         else:
             feeds[spec.name] = np.zeros(shape, dtype=spec.dtype.numpy)
     try:
-        runner.run_blocking(feeds, [spec.name for spec in entry.outputs])
+        executor.run_blocking(feeds, [spec.name for spec in entry.outputs])
     except Exception as exc:
         raise ModelLoadError(
             f"warm-up run on zeros failed: {exc}; set warmup = false in model.toml if the "

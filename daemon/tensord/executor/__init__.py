@@ -1,0 +1,1 @@
+"""Executors run batches on a device: lanes, buffer pools, stats; CPU and CUDA alike."""

@@ -1,0 +1,129 @@
+"""The CPU executor's interface and its host pool's accounting."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+
+from tensord.backends.base import BackendPlacement, TensorSpec
+from tensord.dtypes import DType
+from tensord.errors import DeadlineExceededError, InternalError
+from tensord.executor.cpu import CpuExecutor, join_into
+from tensord.executor.host_pool import ALIGNMENT, HostBufferPool, size_class
+
+
+def test_size_classes() -> None:
+    assert [size_class(n) for n in (0, 1, 4096, 4097, 10_000, 1 << 20)] == [
+        4096, 4096, 4096, 8192, 16384, 1 << 20,
+    ]  # fmt: skip
+
+
+def test_pool_reuses_and_counts() -> None:
+    pool = HostBufferPool(max_cached_bytes=16384)
+    a = pool.acquire(5000)
+    b = pool.acquire(100)
+    assert (a.nbytes, b.nbytes) == (8192, 4096)
+    assert a.ctypes.data % ALIGNMENT == 0 and b.ctypes.data % ALIGNMENT == 0
+    s = pool.stats()
+    assert (s.in_use_bytes, s.cached_bytes, s.high_water_bytes, s.allocations, s.reuses) == (
+        12288, 0, 12288, 2, 0,
+    )  # fmt: skip
+    pool.release(a)
+    pool.release(b)
+    again = pool.acquire(8000)
+    assert again.ctypes.data == a.ctypes.data  # the same buffer came back
+    s = pool.stats()
+    assert (s.in_use_bytes, s.cached_bytes, s.high_water_bytes, s.allocations, s.reuses) == (
+        8192, 4096, 12288, 2, 1,
+    )  # fmt: skip
+    pool.release(again)
+    big = pool.acquire(16384)
+    pool.release(big)  # 8192 + 4096 cached already: over the 16 KiB cap, so freed
+    assert pool.stats().cached_bytes == 12288
+    pool.clear()
+    assert pool.stats().cached_bytes == 0
+
+
+def test_join_into_pooled_buffers() -> None:
+    pool = HostBufferPool()
+    taken: list[np.ndarray] = []
+
+    def take(n: int) -> np.ndarray:
+        taken.append(pool.acquire(n))
+        return taken[-1]
+
+    parts = [
+        {"x": np.full((2, 3), i, np.float32), "s": np.array([f"a{i}", "b"], dtype=object)}
+        for i in range(3)
+    ]
+    joined = join_into(parts, take)
+    assert joined["x"].tolist() == [[0.0] * 3] * 2 + [[1.0] * 3] * 2 + [[2.0] * 3] * 2
+    assert joined["s"].tolist() == ["a0", "b", "a1", "b", "a2", "b"]
+    assert len(taken) == 1 and np.shares_memory(joined["x"], taken[0])
+    single = join_into(parts[:1], take)
+    assert single["x"] is parts[0]["x"] and len(taken) == 1
+
+
+class Doubler:
+    """A NumPy backend: y = 2x, optionally slow, failing on negative input."""
+
+    placement = BackendPlacement("numpy", "CPU", "test", ("CPU",), "cpu")
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.inputs = [TensorSpec("x", DType.FLOAT32, (-1, 2))]
+        self.outputs = [TensorSpec("y", DType.FLOAT32, (-1, 2))]
+        self.delay = delay
+        self.threads: set[str] = set()
+
+    def run(self, inputs: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
+        self.threads.add(threading.current_thread().name)
+        time.sleep(self.delay)
+        if (inputs["x"] < 0).any():
+            raise InternalError("negative input")
+        return [inputs["x"] * 2]
+
+    def close(self) -> None:
+        pass
+
+
+async def test_executor_runs_joins_and_counts() -> None:
+    backend = Doubler(delay=0.05)
+    executor = CpuExecutor("m", backend, lanes=2)
+    parts = [{"x": np.ones((1, 2), np.float32)}, {"x": np.full((2, 2), 3, np.float32)}]
+    results = await asyncio.gather(*(executor.run(parts, ["y"]) for _ in range(4)))
+    for result in results:
+        assert result.outputs[0].tolist() == [[2, 2], [6, 6], [6, 6]]
+        assert result.compute_s >= 0.05 and result.queue_s >= 0
+    stats = executor.stats()
+    assert stats.kind == "cpu" and len(stats.lanes) == 2
+    assert [lane.runs for lane in stats.lanes] == [2, 2]
+    assert all(lane.busy_s >= 0.1 for lane in stats.lanes)
+    assert (stats.queue_depth, stats.running) == (0, 0)
+    host = stats.pools["host"]
+    assert host.in_use_bytes == 0 and host.allocations >= 1 and host.high_water_bytes >= 4096
+    assert len(backend.threads) == 2
+    with pytest.raises(InternalError):
+        await executor.run([{"x": -np.ones((1, 2), np.float32)}], ["y"])
+    assert sum(lane.failed for lane in executor.stats().lanes) == 1
+    assert executor.stats().pools["host"].in_use_bytes == 0
+    executor.close()
+
+
+async def test_executor_deadline_in_queue() -> None:
+    executor = CpuExecutor("m", Doubler(delay=0.2), lanes=1)
+    x = {"x": np.ones((1, 2), np.float32)}
+    held = asyncio.create_task(executor.run([x], ["y"]))
+    await asyncio.sleep(0.05)
+    assert executor.stats().running == 1
+    with pytest.raises(DeadlineExceededError):
+        await executor.run([x], ["y"], deadline=time.monotonic() + 0.05)
+    await held
+    await asyncio.sleep(0.01)
+    stats = executor.stats()
+    assert stats.started == 1 and stats.queue_depth == 0
+    executor.close()
