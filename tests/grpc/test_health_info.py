@@ -84,3 +84,26 @@ def test_info(client: Client) -> None:
     assert mlp.load_time_ms > 0
     broken = next(m for m in reply.models if m.name == "broken")
     assert broken.state == pb.MODEL_STATE_FAILED and broken.reason
+
+
+def test_info_reports_executor_and_batching(client: Client) -> None:
+    import numpy as np
+
+    client.predict("mlp_batched", {"input": np.zeros((3, 512), np.float32)})
+    info = {(m.name, m.version): m for m in client.info().models}
+    batched = info[("mlp_batched", 1)]
+    assert batched.instance_count == 2
+    assert list(batched.dynamic_batching.preferred_batch_size) == [16, 32]
+    assert batched.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert batched.dynamic_batching.requests >= 1 and batched.dynamic_batching.rows >= 3
+    status = batched.executor_status
+    assert status.kind == "cpu" == batched.executor
+    assert (
+        status.reason
+        == "the model runs on CPUExecutionProvider, so its batches stay in host memory"
+    )
+    assert [lane.index for lane in status.lanes] == [0, 1]
+    assert sum(lane.runs for lane in status.lanes) >= 1  # warm-up runs directly, not on a lane
+    host = next(p for p in status.pools if p.name == "host")
+    assert host.in_use_bytes == 0
+    assert not info[("mlp", 1)].HasField("dynamic_batching")

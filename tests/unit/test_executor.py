@@ -72,7 +72,7 @@ def test_join_into_pooled_buffers() -> None:
 class Doubler:
     """A NumPy backend: y = 2x, optionally slow, failing on negative input."""
 
-    placement = BackendPlacement("numpy", "CPU", "test", ("CPU",), "cpu")
+    placement = BackendPlacement("numpy", "CPU", "test", ("CPU",))
 
     def __init__(self, delay: float = 0.0) -> None:
         self.inputs = [TensorSpec("x", DType.FLOAT32, (-1, 2))]

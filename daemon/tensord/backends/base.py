@@ -28,7 +28,6 @@ class BackendPlacement:
     provider: str
     provider_reason: str
     requested_providers: tuple[str, ...]
-    executor: str
 
 
 class Backend(Protocol):

@@ -85,7 +85,6 @@ class OnnxRuntimeBackend:
             provider=actual[0],
             provider_reason=explain_actual(plan, actual),
             requested_providers=plan.providers,
-            executor="cpu",
         )
         self.inputs = describe(self._session.get_inputs(), "input")
         self.outputs = describe(self._session.get_outputs(), "output")

@@ -14,10 +14,12 @@ import structlog
 
 from tensord.backends.base import Backend, BackendPlacement, TensorSpec
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
+from tensord.devices import probe_gpus
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
 from tensord.executor.base import Executor
 from tensord.executor.cpu import CpuExecutor
+from tensord.executor.select import executor_choice
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.repository import VersionSource, scan_repository
 from tensord.registry.signature import apply_overrides, check_batching
@@ -118,7 +120,8 @@ class ModelRegistry:
             entry.inputs = apply_overrides(backend.inputs, entry.config.inputs, "inputs")
             entry.outputs = apply_overrides(backend.outputs, entry.config.outputs, "outputs")
             check_batching(entry.config, [*entry.inputs, *entry.outputs])
-            executor = CpuExecutor(entry.name, backend, entry.config.instance_count)
+            _, reason = executor_choice(backend.placement.provider, probe_gpus())
+            executor = CpuExecutor(entry.name, backend, entry.config.instance_count, reason)
             if entry.config.warmup:
                 _warm_up(executor, entry)
         except BaseException:
@@ -140,8 +143,10 @@ class ModelRegistry:
                 **fields,
                 backend=p.backend,
                 provider=p.provider,
-                executor=p.executor,
+                executor=entry.executor.kind if entry.executor else None,
                 provider_reason=p.provider_reason,
+                executor_reason=entry.executor.reason if entry.executor else None,
+                batching=entry.config.dynamic_batching is not None,
             )
         else:
             log.error("model.failed", **fields, reason=entry.reason)

@@ -8,6 +8,7 @@ from typing import cast
 from tensord.backends.base import TensorSpec
 from tensord.codec import decode_tensor, encode_tensor, pb_dtype
 from tensord.dataplane import HealthReport, PredictCall, PredictResult, ServerInfo
+from tensord.executor.base import ExecutorStats
 from tensord.registry.registry import ModelVersion
 from tensord.v1 import inference_pb2 as pb
 
@@ -69,13 +70,56 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
         max_batch_size=mv.config.max_batch_size,
         load_time_ms=mv.load_time_s * 1e3,
         kind="predict",
+        instance_count=mv.config.instance_count,
     )
     if mv.placement is not None:
         info.provider = mv.placement.provider
         info.provider_reason = mv.placement.provider_reason
         info.requested_providers.extend(mv.placement.requested_providers)
-        info.executor = mv.placement.executor
+    if mv.executor is not None:
+        info.executor = mv.executor.kind
+        info.executor_status.CopyFrom(executor_status(mv.executor.stats(), mv.executor.reason))
+    batching = mv.config.dynamic_batching
+    if batching is not None:
+        info.dynamic_batching.CopyFrom(
+            pb.DynamicBatching(
+                preferred_batch_size=batching.preferred_batch_size,
+                max_queue_delay_microseconds=batching.max_queue_delay_microseconds,
+                max_queue_size=batching.max_queue_size,
+                default_timeout_microseconds=batching.default_timeout_microseconds,
+            )
+        )
+        if mv.batcher is not None:
+            s = mv.batcher.stats
+            d = info.dynamic_batching
+            d.batches, d.requests, d.rows = s.batches, s.requests, s.rows
+            d.expired, d.rejected, d.queue_depth = s.expired, s.rejected, mv.batcher.queue_depth
     return info
+
+
+def executor_status(stats: ExecutorStats, reason: str) -> pb.ExecutorStatus:
+    """Encode an executor snapshot."""
+    return pb.ExecutorStatus(
+        kind=stats.kind,
+        reason=reason,
+        lanes=[
+            pb.LaneStatus(index=i, runs=lane.runs, failed=lane.failed, busy_seconds=lane.busy_s)
+            for i, lane in enumerate(stats.lanes)
+        ],
+        queue_depth=stats.queue_depth,
+        running=stats.running,
+        pools=[
+            pb.PoolStatus(
+                name=name,
+                in_use_bytes=p.in_use_bytes,
+                cached_bytes=p.cached_bytes,
+                high_water_bytes=p.high_water_bytes,
+                allocations=p.allocations,
+                reuses=p.reuses,
+            )
+            for name, p in stats.pools.items()
+        ],
+    )
 
 
 def info_response(info: ServerInfo) -> pb.InfoResponse:

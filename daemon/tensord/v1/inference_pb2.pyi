@@ -323,7 +323,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "state", "reason", "backend", "provider", "provider_reason", "requested_providers", "executor", "inputs", "outputs", "max_batch_size", "load_time_ms", "kind")
+    __slots__ = ("name", "version", "state", "reason", "backend", "provider", "provider_reason", "requested_providers", "executor", "inputs", "outputs", "max_batch_size", "load_time_ms", "kind", "instance_count", "dynamic_batching", "executor_status")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +338,9 @@ class ModelInfo(_message.Message):
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LOAD_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_BATCHING_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_STATUS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     state: ModelState
@@ -352,4 +355,75 @@ class ModelInfo(_message.Message):
     max_batch_size: int
     load_time_ms: float
     kind: str
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
+    instance_count: int
+    dynamic_batching: DynamicBatching
+    executor_status: ExecutorStatus
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ..., instance_count: _Optional[int] = ..., dynamic_batching: _Optional[_Union[DynamicBatching, _Mapping]] = ..., executor_status: _Optional[_Union[ExecutorStatus, _Mapping]] = ...) -> None: ...
+
+class DynamicBatching(_message.Message):
+    __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds", "max_queue_size", "default_timeout_microseconds", "batches", "requests", "rows", "expired", "rejected", "queue_depth")
+    PREFERRED_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_DELAY_MICROSECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TIMEOUT_MICROSECONDS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    preferred_batch_size: _containers.RepeatedScalarFieldContainer[int]
+    max_queue_delay_microseconds: int
+    max_queue_size: int
+    default_timeout_microseconds: int
+    batches: int
+    requests: int
+    rows: int
+    expired: int
+    rejected: int
+    queue_depth: int
+    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., default_timeout_microseconds: _Optional[int] = ..., batches: _Optional[int] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., expired: _Optional[int] = ..., rejected: _Optional[int] = ..., queue_depth: _Optional[int] = ...) -> None: ...
+
+class ExecutorStatus(_message.Message):
+    __slots__ = ("kind", "reason", "lanes", "queue_depth", "running", "pools")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LANES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    reason: str
+    lanes: _containers.RepeatedCompositeFieldContainer[LaneStatus]
+    queue_depth: int
+    running: int
+    pools: _containers.RepeatedCompositeFieldContainer[PoolStatus]
+    def __init__(self, kind: _Optional[str] = ..., reason: _Optional[str] = ..., lanes: _Optional[_Iterable[_Union[LaneStatus, _Mapping]]] = ..., queue_depth: _Optional[int] = ..., running: _Optional[int] = ..., pools: _Optional[_Iterable[_Union[PoolStatus, _Mapping]]] = ...) -> None: ...
+
+class LaneStatus(_message.Message):
+    __slots__ = ("index", "runs", "failed", "busy_seconds")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    runs: int
+    failed: int
+    busy_seconds: float
+    def __init__(self, index: _Optional[int] = ..., runs: _Optional[int] = ..., failed: _Optional[int] = ..., busy_seconds: _Optional[float] = ...) -> None: ...
+
+class PoolStatus(_message.Message):
+    __slots__ = ("name", "in_use_bytes", "cached_bytes", "high_water_bytes", "allocations", "reuses")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IN_USE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    REUSES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    in_use_bytes: int
+    cached_bytes: int
+    high_water_bytes: int
+    allocations: int
+    reuses: int
+    def __init__(self, name: _Optional[str] = ..., in_use_bytes: _Optional[int] = ..., cached_bytes: _Optional[int] = ..., high_water_bytes: _Optional[int] = ..., allocations: _Optional[int] = ..., reuses: _Optional[int] = ...) -> None: ...
