@@ -13,6 +13,7 @@ import numpy as np
 from tensord import __version__
 from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
 from tensord.errors import UnavailableError, UnimplementedError
+from tensord.executor.split import run_splitting_on_oom
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.registry import ModelRegistry, ModelState, ModelVersion
 
@@ -82,7 +83,7 @@ class DataPlane:
         if entry.batcher is not None:
             result = await entry.batcher.submit(inputs, names, call.deadline)
         else:
-            result = await executor.run([inputs], names, call.deadline)
+            result = await run_splitting_on_oom(executor.run, [inputs], names, call.deadline)
         return PredictResult(
             entry.name,
             entry.version,

@@ -66,6 +66,10 @@ class InternalError(TensordError):
     code = grpc.StatusCode.INTERNAL
 
 
+class OutOfMemoryError(ResourceExhaustedError):
+    """The device (or host) ran out of memory for a batch, even after splitting it."""
+
+
 class ModelLoadError(Exception):
     """A model could not be loaded; the message is the reason shown in Health and Info."""
 

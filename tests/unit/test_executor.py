@@ -12,9 +12,10 @@ import pytest
 
 from tensord.backends.base import BackendPlacement, TensorSpec
 from tensord.dtypes import DType
-from tensord.errors import DeadlineExceededError, InternalError
+from tensord.errors import DeadlineExceededError, InternalError, OutOfMemoryError
 from tensord.executor.cpu import CpuExecutor, join_into
 from tensord.executor.host_pool import ALIGNMENT, HostBufferPool, size_class
+from tensord.executor.split import run_splitting_on_oom, split_rows
 
 
 def test_size_classes() -> None:
@@ -126,4 +127,42 @@ async def test_executor_deadline_in_queue() -> None:
     await asyncio.sleep(0.01)
     stats = executor.stats()
     assert stats.started == 1 and stats.queue_depth == 0
+    executor.close()
+
+
+class SmallMemory(Doubler):
+    """Runs out of memory on batches of more than `limit` rows."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.sizes: list[int] = []
+
+    def run(self, inputs: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
+        rows = inputs["x"].shape[0]
+        self.sizes.append(rows)
+        if rows > self.limit:
+            raise OutOfMemoryError(f"out of memory for {rows} rows")
+        return super().run(inputs, names)
+
+
+def test_split_rows_cuts_inside_a_part() -> None:
+    parts = [{"x": np.arange(6).reshape(3, 2)}, {"x": np.arange(4).reshape(2, 2) + 100}]
+    left, right = split_rows(parts, 4)
+    assert [p["x"].shape[0] for p in left] == [3, 1] and [p["x"].shape[0] for p in right] == [1]
+    assert right[0]["x"].tolist() == [[102, 103]]
+
+
+async def test_out_of_memory_splits_the_batch_in_half() -> None:
+    backend = SmallMemory(limit=2)
+    executor = CpuExecutor("m", backend, lanes=1)
+    parts = [{"x": np.full((3, 2), i, np.float32)} for i in range(2)]  # 6 rows
+    result = await run_splitting_on_oom(executor.run, parts, ["y"])
+    assert result.outputs[0].tolist() == [[0, 0]] * 3 + [[2, 2]] * 3
+    assert backend.sizes == [6, 3, 1, 2, 3, 1, 2]
+    single = SmallMemory(limit=0)
+    with pytest.raises(OutOfMemoryError):
+        await run_splitting_on_oom(
+            CpuExecutor("m", single, 1).run, [{"x": np.ones((1, 2), np.float32)}], ["y"]
+        )
     executor.close()

@@ -14,7 +14,7 @@ from tensord import dtypes
 from tensord.backends.base import BackendPlacement, TensorSpec
 from tensord.backends.providers import explain_actual, plan_providers
 from tensord.dtypes import DType
-from tensord.errors import InternalError, ModelLoadError
+from tensord.errors import InternalError, ModelLoadError, OutOfMemoryError
 from tensord.registry.model_config import ModelConfig
 
 # Azure's provider calls a remote endpoint instead of running the graph here.
@@ -26,6 +26,13 @@ def available_providers() -> list[str]:
     return [p for p in ort.get_available_providers() if p not in _NOT_LOCAL]
 
 
+# How ONNX Runtime's allocators (CPU arena, CUDA, TensorRT) word an allocation failure.
+_OOM_MARKERS = (
+    "Failed to allocate memory",
+    "out of memory",
+    "bad_alloc",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
 _ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 
 
@@ -99,7 +106,10 @@ class OnnxRuntimeBackend:
                 return self._run_ort_values(inputs, output_names)
             return self._session.run(list(output_names), dict(inputs))
         except Exception as exc:
-            raise InternalError(f"ONNX Runtime run failed: {exc}") from exc
+            text = str(exc)
+            if any(marker in text for marker in _OOM_MARKERS):
+                raise OutOfMemoryError(f"out of memory running the batch: {text}") from exc
+            raise InternalError(f"ONNX Runtime run failed: {text}") from exc
 
     def _run_ort_values(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
 from tensord.executor.base import Executor
 from tensord.executor.cpu import CpuExecutor
 from tensord.executor.select import executor_choice
+from tensord.executor.split import run_splitting_on_oom
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.repository import VersionSource, scan_repository
 from tensord.registry.signature import apply_overrides, check_batching
@@ -212,7 +214,9 @@ def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:
         default_timeout_s=db.default_timeout_microseconds / 1e6,
         instances=config.instance_count,
     )
-    return DynamicBatcher(entry.name, settings, executor.run)
+    return DynamicBatcher(
+        entry.name, settings, functools.partial(run_splitting_on_oom, executor.run)
+    )
 
 
 def _warm_up(executor: Executor, entry: ModelVersion) -> None:
