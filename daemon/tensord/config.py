@@ -35,6 +35,8 @@ class ServerSettings(BaseModel):
     """`json` lines, `console` key=value, or `auto`: console on a terminal, else JSON."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged. Per-request access lines are logged at debug."""
+    cuda_device: int = Field(default=0, ge=0)
+    """The CUDA device (as numbered after CUDA_VISIBLE_DEVICES) that GPU models run on."""
 
     @field_validator("listen")
     @classmethod
@@ -54,6 +56,8 @@ class TensordConfig(BaseModel):
     """Network, limits and logging."""
     model_repository: Path = Path("models")
     """Directory with one subdirectory per model (relative paths are from the config file)."""
+    cache_directory: Path = Path("cache")
+    """Where TensorRT engines and compiled kernels are cached (relative: as above)."""
 
 
 def load_config(
@@ -74,11 +78,12 @@ def load_config(
             raise ConfigError(f"config {path}: cannot read: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
-        # A relative repository in the file is relative to the file; from a flag or
+        # A relative directory in the file is relative to the file; from a flag or
         # variable, to the working directory.
-        repo = data.get("model_repository")
-        if isinstance(repo, str) and not Path(repo).is_absolute():
-            data["model_repository"] = str(path.parent / repo)
+        for key in ("model_repository", "cache_directory"):
+            value = data.get(key)
+            if isinstance(value, str) and not Path(value).is_absolute():
+                data[key] = str(path.parent / value)
     for key, value in _env_overrides(os.environ if env is None else env).items():
         _set_dotted(data, key, value)
     for key, value in (overrides or {}).items():
@@ -89,6 +94,7 @@ def load_config(
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(path or "(defaults)"))) from None
     config.model_repository = config.model_repository.resolve()
+    config.cache_directory = config.cache_directory.resolve()
     return config
 
 

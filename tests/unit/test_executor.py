@@ -14,7 +14,7 @@ from tensord.backends.base import BackendPlacement, TensorSpec
 from tensord.dtypes import DType
 from tensord.errors import DeadlineExceededError, InternalError, OutOfMemoryError
 from tensord.executor.cpu import CpuExecutor, join_into
-from tensord.executor.host_pool import ALIGNMENT, HostBufferPool, size_class
+from tensord.executor.pools import ALIGNMENT, HostBufferPool, size_class
 from tensord.executor.split import run_splitting_on_oom, split_rows
 
 

@@ -68,3 +68,32 @@ def test_aliases(alias: str, full: str) -> None:
 def test_unknown_alias() -> None:
     with pytest.raises(ValueError, match="unknown execution provider 'npu'"):
         normalise_provider("npu")
+
+
+def test_executor_choice_falls_back_to_cpu() -> None:
+    from tensord.backends.base import TensorSpec
+    from tensord.devices import GpuDevice, GpuReport
+    from tensord.dtypes import DType
+    from tensord.executor.select import executor_choice
+
+    floats = [TensorSpec("x", DType.FLOAT32, (-1, 4))]
+    no_gpu = GpuReport(unavailable_reason="no NVIDIA driver is installed")
+    gpu = GpuReport([GpuDevice(0, "NVIDIA H100", 80 << 30, "9.0")], "13.0", "13.0")
+    assert executor_choice(CPU, gpu, floats) == (
+        "cpu", f"the model runs on {CPU}, so its batches stay in host memory",
+    )  # fmt: skip
+    assert executor_choice(CUDA, no_gpu, floats) == (
+        "cpu", "no usable CUDA device (no NVIDIA driver is installed)",
+    )  # fmt: skip
+    strings = [TensorSpec("s", DType.STRING, (-1,))]
+    assert executor_choice(CUDA, gpu, strings)[0] == "cpu"
+    assert executor_choice(TRT, gpu, floats) == (
+        "cuda", f"{TRT} on NVIDIA H100: batches are pipelined over CUDA streams",
+    )  # fmt: skip
+
+
+def test_this_host_gets_the_executor_its_devices_allow() -> None:
+    from tensord.devices import probe_gpus
+
+    report = probe_gpus()
+    assert bool(report.gpus) != bool(report.unavailable_reason)

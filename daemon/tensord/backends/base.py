@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -17,6 +18,25 @@ class TensorSpec:
 
     name: str
     dtype: DType
+    shape: tuple[int, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceOptions:
+    """Where a GPU backend runs: the CUDA device, the lane's stream, the cache directory."""
+
+    device_id: int = 0
+    cuda_stream: int | None = None
+    """The address of the lane's cudaStream_t; None for the default stream."""
+    cache_directory: Path = Path("cache")
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceTensor:
+    """A tensor in device memory: its address, ONNX element type and shape."""
+
+    ptr: int
+    onnx_type: int
     shape: tuple[int, ...]
 
 

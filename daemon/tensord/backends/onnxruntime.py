@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tensord import dtypes
-from tensord.backends.base import BackendPlacement, TensorSpec
+from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
 from tensord.backends.providers import explain_actual, plan_providers
 from tensord.dtypes import DType
 from tensord.errors import InternalError, ModelLoadError, OutOfMemoryError
@@ -75,14 +75,41 @@ def describe(args: Sequence[Any], what: str) -> list[TensorSpec]:
     return specs
 
 
+def provider_options(
+    providers: Sequence[str], config: ModelConfig, where: DeviceOptions
+) -> list[tuple[str, dict[str, str]]]:
+    """Each provider with its options: device, the lane's compute stream, TensorRT caches."""
+    result = []
+    for name in providers:
+        options: dict[str, str] = {}
+        if name in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+            options["device_id"] = str(where.device_id)
+            if where.cuda_stream is not None:
+                options["has_user_compute_stream"] = "1"
+                options["user_compute_stream"] = str(where.cuda_stream)
+        if name == "TensorrtExecutionProvider":
+            trt = config.tensorrt
+            cache = str(where.cache_directory / "tensorrt")
+            options["trt_fp16_enable"] = "1" if trt.fp16 else "0"
+            if trt.engine_cache:
+                options.update(trt_engine_cache_enable="1", trt_engine_cache_path=cache)
+            if trt.timing_cache:
+                options.update(trt_timing_cache_enable="1", trt_timing_cache_path=cache)
+        result.append((name, options))
+    return result
+
+
 class OnnxRuntimeBackend:
     """Runs an ONNX file with the best available provider; CPU always works."""
 
-    def __init__(self, path: Path, config: ModelConfig) -> None:
+    def __init__(self, path: Path, config: ModelConfig, where: DeviceOptions | None = None) -> None:
         plan = plan_providers(available_providers(), config.preferred_provider, config.providers)
+        self.device_id = (where or DeviceOptions()).device_id
         try:
             self._session = ort.InferenceSession(
-                str(path), sess_options=session_options(config), providers=list(plan.providers)
+                str(path),
+                sess_options=session_options(config),
+                providers=provider_options(plan.providers, config, where or DeviceOptions()),
             )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
             raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
@@ -110,6 +137,30 @@ class OnnxRuntimeBackend:
             if any(marker in text for marker in _OOM_MARKERS):
                 raise OutOfMemoryError(f"out of memory running the batch: {text}") from exc
             raise InternalError(f"ONNX Runtime run failed: {text}") from exc
+
+    def run_device(
+        self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]
+    ) -> list[Any]:
+        """Run on device buffers through IOBinding; returns the device-resident OrtValues.
+
+        The session was created on the lane's stream, so ONNX Runtime's kernels follow the
+        copies the lane queued before this call.
+        """
+        binding = self._session.io_binding()
+        for name, tensor in inputs.items():
+            binding.bind_input(
+                name, "cuda", self.device_id, tensor.onnx_type, list(tensor.shape), tensor.ptr
+            )
+        for name in output_names:
+            binding.bind_output(name, "cuda", self.device_id)
+        try:
+            self._session.run_with_iobinding(binding)
+        except Exception as exc:
+            text = str(exc)
+            if any(marker in text for marker in _OOM_MARKERS):
+                raise OutOfMemoryError(f"out of memory running the batch: {text}") from exc
+            raise InternalError(f"ONNX Runtime run failed: {text}") from exc
+        return list(binding.get_outputs())
 
     def _run_ort_values(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]

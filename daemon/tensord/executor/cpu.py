@@ -19,7 +19,7 @@ import numpy as np
 from tensord.backends.base import Backend
 from tensord.errors import DeadlineExceededError
 from tensord.executor.base import ExecutorStats, LaneStats, RunResult
-from tensord.executor.host_pool import HostBufferPool
+from tensord.executor.pools import HostBufferPool
 
 
 def join_into(
@@ -146,6 +146,11 @@ class CpuExecutor:
         return ExecutorStats(self.kind, lanes, queued, running, {"host": self._host.stats()})
 
     def close(self) -> None:
-        """Stop the lanes once queued runs finish (not waited for) and drop cached buffers."""
+        """Stop the lanes, drop cached buffers and close the backend.
+
+        Queued runs are cancelled; a run in progress finishes on its thread, holding its own
+        reference to the session.
+        """
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._host.clear()
+        self._backend.close()

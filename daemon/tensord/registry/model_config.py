@@ -72,6 +72,19 @@ class DynamicBatchingConfig(BaseModel):
         return sorted(set(value))
 
 
+class TensorRTConfig(BaseModel):
+    """The `[tensorrt]` table: options for ONNX Runtime's TensorRT provider."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fp16: bool = False
+    """Let TensorRT pick FP16 kernels."""
+    engine_cache: bool = True
+    """Keep built engines under the cache directory (keyed by ONNX Runtime)."""
+    timing_cache: bool = True
+    """Keep TensorRT's timing cache under the cache directory."""
+
+
 class ModelConfig(BaseModel):
     """One model's settings. Every key is optional; the directory name is the default name."""
 
@@ -100,6 +113,8 @@ class ModelConfig(BaseModel):
     """Runs of this model that may execute at the same time."""
     max_batch_size: int = Field(default=0, ge=0)
     """Largest first (batch) dimension per request; 0 means the model does not batch."""
+    tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
+    """TensorRT provider options."""
     dynamic_batching: DynamicBatchingConfig | None = None
     """Join compatible requests along the batch dimension (needs max_batch_size > 0)."""
     warmup: bool = True

@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from tensord.backends.base import Backend, BackendPlacement, TensorSpec
+from tensord.backends.base import Backend, BackendPlacement, DeviceOptions, TensorSpec
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
-from tensord.devices import probe_gpus
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
 from tensord.executor.base import Executor
-from tensord.executor.cpu import CpuExecutor
-from tensord.executor.select import executor_choice
+from tensord.executor.select import build_executor
 from tensord.executor.split import run_splitting_on_oom
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.repository import VersionSource, scan_repository
@@ -57,14 +55,14 @@ class ModelVersion:
     backend: Backend | None = None
 
 
-BackendFactory = Callable[[Path, ModelConfig], Backend]
+BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
 
 
-def default_backend_factory(path: Path, config: ModelConfig) -> Backend:
+def default_backend_factory(path: Path, config: ModelConfig, where: DeviceOptions) -> Backend:
     """The backend named in model.toml."""
     from tensord.backends.onnxruntime import OnnxRuntimeBackend
 
-    return OnnxRuntimeBackend(path, config)
+    return OnnxRuntimeBackend(path, config, where)
 
 
 class ModelRegistry:
@@ -75,7 +73,9 @@ class ModelRegistry:
         repository: Path,
         backend_factory: BackendFactory = default_backend_factory,
         on_change: Callable[[], None] | None = None,
+        where: DeviceOptions | None = None,
     ) -> None:
+        self._where = where or DeviceOptions()
         self.repository = repository
         self._factory = backend_factory
         self._on_change = on_change or (lambda: None)
@@ -117,17 +117,27 @@ class ModelRegistry:
         self._on_change()
 
     def _load_blocking(self, entry: ModelVersion) -> None:
-        backend = self._factory(entry.path, entry.config)
+        config = entry.config
+        backend = self._factory(entry.path, config, self._where)
+        try:
+            executor, backend = build_executor(
+                entry.name,
+                backend,
+                lambda where: self._factory(entry.path, config, where),
+                config.instance_count,
+                self._where,
+            )
+        except BaseException:
+            backend.close()
+            raise
         try:
             entry.inputs = apply_overrides(backend.inputs, entry.config.inputs, "inputs")
             entry.outputs = apply_overrides(backend.outputs, entry.config.outputs, "outputs")
             check_batching(entry.config, [*entry.inputs, *entry.outputs])
-            _, reason = executor_choice(backend.placement.provider, probe_gpus())
-            executor = CpuExecutor(entry.name, backend, entry.config.instance_count, reason)
             if entry.config.warmup:
                 _warm_up(executor, entry)
         except BaseException:
-            backend.close()
+            executor.close()  # the executor owns its backend sessions
             raise
         entry.backend, entry.executor, entry.placement = backend, executor, backend.placement
 
@@ -190,8 +200,6 @@ class ModelRegistry:
                 await entry.batcher.close()
             if entry.executor is not None:
                 entry.executor.close()
-            if entry.backend is not None:
-                entry.backend.close()
 
 
 def _not_ready(entry: ModelVersion) -> str:

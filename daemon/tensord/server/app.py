@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tensord import __version__
+from tensord.backends.base import DeviceOptions
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.devices import probe_gpus
@@ -42,8 +43,11 @@ class TensordServer:
         self, config: TensordConfig, backend_factory: BackendFactory = default_backend_factory
     ) -> None:
         self.config = config
+        where = DeviceOptions(
+            device_id=config.server.cuda_device, cache_directory=config.cache_directory
+        )
         self.registry = ModelRegistry(
-            config.model_repository, backend_factory, self._models_changed
+            config.model_repository, backend_factory, self._models_changed, where
         )
         self.dataplane = DataPlane(self.registry)
         self.health = health.aio.HealthServicer()

@@ -1,0 +1,1 @@
+"""The CUDA executor on cuda-python: streams as lanes, pinned and device buffer pools."""

@@ -1,0 +1,236 @@
+"""The CUDA executor: each lane is a CUDA stream with its own backend session.
+
+A batch on a lane: join rows into a pinned buffer -> async H2D into a pooled device
+buffer -> the backend runs on device pointers on the lane's stream (ONNX Runtime
+IOBinding) -> async D2H into pinned buffers -> an event marks completion. With two or
+more lanes, batch k+1's copies overlap batch k's compute on another stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from cuda.bindings import runtime as cudart
+
+from tensord import dtypes
+from tensord.backends.base import DeviceTensor
+from tensord.errors import DeadlineExceededError
+from tensord.executor.base import ExecutorStats, LaneStats, RunResult
+from tensord.executor.cuda.pools import CudaBuffer, DevicePool, PinnedHostPool
+from tensord.executor.cuda.runtime import check
+from tensord.executor.split import rows_of
+
+H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+D2H = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+
+# ONNX TensorProto element types, for binding device buffers.
+ONNX_TYPES = {
+    dtypes.DType.BOOL: 9, dtypes.DType.UINT8: 2, dtypes.DType.INT8: 3, dtypes.DType.INT16: 5,
+    dtypes.DType.INT32: 6, dtypes.DType.INT64: 7, dtypes.DType.FLOAT16: 10,
+    dtypes.DType.BFLOAT16: 16, dtypes.DType.FLOAT32: 1, dtypes.DType.FLOAT64: 11,
+}  # fmt: skip
+
+
+@dataclass(slots=True)
+class Lane:
+    """One CUDA stream, its completion event, its backend session and its counters."""
+
+    stream: Any
+    done: Any
+    backend: Any
+    stats: LaneStats = field(default_factory=LaneStats)
+
+
+class CudaExecutor:
+    """Lanes of CUDA streams over one device, with pinned host and device buffer pools."""
+
+    kind = "cuda"
+
+    def __init__(
+        self,
+        name: str,
+        make_backend: Callable[[int], Any],
+        lanes: int,
+        device_id: int = 0,
+        reason: str = "",
+    ) -> None:
+        self.reason = reason
+        self.device_id = device_id
+        check(cudart.cudaSetDevice(device_id), "cudaSetDevice")
+        self.pinned = PinnedHostPool()
+        self.device = DevicePool()
+        self._lanes: list[Lane] = []
+        for _ in range(lanes):
+            stream = check(
+                cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
+                "cudaStreamCreateWithFlags",
+            )
+            done = check(
+                cudart.cudaEventCreateWithFlags(cudart.cudaEventDisableTiming),
+                "cudaEventCreateWithFlags",
+            )
+            self._lanes.append(Lane(stream, done, make_backend(int(stream))))
+        self._lane_ids = itertools.count()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._running = 0
+        self._pool = ThreadPoolExecutor(
+            max_workers=lanes, thread_name_prefix=f"cuda-{name}", initializer=self._bind_lane
+        )
+
+    @property
+    def primary_backend(self) -> Any:
+        """Lane 0's backend (its signature and placement describe the model)."""
+        return self._lanes[0].backend
+
+    def _bind_lane(self) -> None:
+        self._local.lane = next(self._lane_ids)
+        check(cudart.cudaSetDevice(self.device_id), "cudaSetDevice")
+
+    async def run(
+        self,
+        parts: Sequence[Mapping[str, np.ndarray]],
+        output_names: Sequence[str],
+        deadline: float | None = None,
+    ) -> RunResult:
+        """Queue one run on the next free lane; `deadline` is a time.monotonic() value."""
+        submitted = time.monotonic()
+        with self._lock:
+            self._queued += 1
+        cfuture = self._pool.submit(self._run, parts, output_names, deadline, submitted)
+        cfuture.add_done_callback(self._dequeued_if_cancelled)
+        future = asyncio.wrap_future(cfuture)
+        if deadline is None:
+            return await future
+        try:
+            return await asyncio.wait_for(future, timeout=max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            waited = (time.monotonic() - submitted) * 1e3
+            raise DeadlineExceededError(
+                f"the deadline passed after {waited:.1f} ms while the request was queued or running"
+            ) from None
+
+    def _dequeued_if_cancelled(self, cfuture: Any) -> None:
+        if cfuture.cancelled():
+            with self._lock:
+                self._queued -= 1
+
+    def _run(
+        self,
+        parts: Sequence[Mapping[str, np.ndarray]],
+        output_names: Sequence[str],
+        deadline: float | None,
+        submitted: float,
+    ) -> RunResult:
+        start = time.monotonic()
+        lane = self._lanes[self._local.lane]
+        with self._lock:
+            self._queued -= 1
+        if deadline is not None and start >= deadline:
+            raise DeadlineExceededError(
+                f"the deadline passed after {(start - submitted) * 1e3:.1f} ms in the queue; "
+                "the request did not run"
+            )
+        with self._lock:
+            lane.stats.runs += 1
+            self._running += 1
+        taken: list[tuple[PinnedHostPool | DevicePool, CudaBuffer]] = []
+        try:
+            outputs = self._pipeline(lane, parts, output_names, taken)
+        except BaseException:
+            with self._lock:
+                lane.stats.failed += 1
+            raise
+        finally:
+            # Copies may still be in flight after a failure: wait before buffers are reused.
+            cudart.cudaStreamSynchronize(lane.stream)
+            for pool, buffer in taken:
+                pool.release(buffer)
+            with self._lock:
+                lane.stats.busy_s += time.monotonic() - start
+                self._running -= 1
+        return RunResult(outputs, start - submitted, time.monotonic() - start)
+
+    def _take(self, pool: PinnedHostPool | DevicePool, nbytes: int, taken: list[Any]) -> CudaBuffer:
+        buffer = pool.acquire(nbytes)
+        taken.append((pool, buffer))
+        return buffer
+
+    def _pipeline(
+        self,
+        lane: Lane,
+        parts: Sequence[Mapping[str, np.ndarray]],
+        output_names: Sequence[str],
+        taken: list[Any],
+    ) -> list[np.ndarray]:
+        rows = rows_of(parts)
+        device_inputs = {}
+        for name, first in parts[0].items():
+            dtype = dtypes.from_numpy(first.dtype)
+            shape = (rows, *first.shape[1:])
+            nbytes = int(np.prod(shape, dtype=np.int64)) * first.dtype.itemsize
+            host = self._take(self.pinned, nbytes, taken)
+            np.concatenate([p[name] for p in parts], out=host.view(first.dtype, shape))
+            dev = self._take(self.device, nbytes, taken)
+            if nbytes:
+                check(
+                    cudart.cudaMemcpyAsync(dev.ptr, host.ptr, nbytes, H2D, lane.stream),
+                    "cudaMemcpyAsync H2D",
+                )
+            device_inputs[name] = DeviceTensor(dev.ptr, ONNX_TYPES[dtype], shape)
+        values = lane.backend.run_device(device_inputs, output_names)
+        staged = []
+        for value in values:
+            out_dtype = dtypes.from_ort_type(value.data_type())
+            if out_dtype is None or out_dtype is dtypes.DType.STRING:
+                raise TypeError(f"the CUDA executor cannot copy out {value.data_type()}")
+            shape = tuple(value.shape())
+            nbytes = int(np.prod(shape, dtype=np.int64)) * out_dtype.numpy.itemsize
+            host = self._take(self.pinned, nbytes, taken)
+            if nbytes:
+                check(
+                    cudart.cudaMemcpyAsync(host.ptr, value.data_ptr(), nbytes, D2H, lane.stream),
+                    "cudaMemcpyAsync D2H",
+                )
+            staged.append((host, out_dtype.numpy, shape))
+        check(cudart.cudaEventRecord(lane.done, lane.stream), "cudaEventRecord")
+        check(cudart.cudaEventSynchronize(lane.done), "cudaEventSynchronize")
+        # Copy out of the pinned buffers: they return to the pool for the next batch.
+        return [host.view(dtype, shape).copy() for host, dtype, shape in staged]
+
+    def run_blocking(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
+        """Warm-up: one run on lane 0, on the caller's thread."""
+        self._local.lane = 0
+        check(cudart.cudaSetDevice(self.device_id), "cudaSetDevice")
+        with self._lock:
+            self._queued += 1
+        return self._run([inputs], output_names, None, time.monotonic()).outputs
+
+    def stats(self) -> ExecutorStats:
+        """Per-lane runs and busy time, queued runs, pinned and device pools."""
+        with self._lock:
+            lanes = [LaneStats(x.stats.runs, x.stats.failed, x.stats.busy_s) for x in self._lanes]
+            queued, running = self._queued, self._running
+        pools = {"pinned": self.pinned.stats(), "device": self.device.stats()}
+        return ExecutorStats(self.kind, lanes, queued, running, pools)
+
+    def close(self) -> None:
+        """Wait for the lanes, free every buffer, stream and event."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for lane in self._lanes:
+            lane.backend.close()
+            cudart.cudaEventDestroy(lane.done)
+            cudart.cudaStreamDestroy(lane.stream)
+        self.pinned.clear()
+        self.device.clear()

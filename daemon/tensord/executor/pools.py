@@ -1,0 +1,106 @@
+"""Buffer pools in power-of-two size classes, with reuse and high-water stats.
+
+One mechanism serves host memory (aligned NumPy buffers), pinned host memory
+(cudaHostAlloc) and device memory (cudaMalloc): a batch takes buffers from a pool instead
+of allocating, so the allocator stays off the hot path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from tensord.executor.base import PoolStats
+
+ALIGNMENT = 64
+MIN_CLASS = 4096
+
+B = TypeVar("B")
+
+
+def size_class(nbytes: int) -> int:
+    """The smallest power of two >= nbytes, at least MIN_CLASS."""
+    return max(MIN_CLASS, 1 << max(nbytes - 1, 0).bit_length())
+
+
+class SizeClassPool(Generic[B]):
+    """Buffers of `alloc(size)`, kept by size class for reuse up to a byte cap."""
+
+    def __init__(
+        self,
+        alloc: Callable[[int], B],
+        free: Callable[[B], None],
+        size_of: Callable[[B], int],
+        max_cached_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
+        self._alloc, self._free_fn, self._size_of = alloc, free, size_of
+        self._free: dict[int, list[B]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._max_cached = max_cached_bytes
+        self._stats = PoolStats()
+
+    def acquire(self, nbytes: int) -> B:
+        """A buffer of at least `nbytes` bytes (its size is the size class)."""
+        cls = size_class(nbytes)
+        with self._lock:
+            free = self._free[cls]
+            buffer = free.pop() if free else None
+            if buffer is not None:
+                self._stats.cached_bytes -= cls
+                self._stats.reuses += 1
+        if buffer is None:
+            buffer = self._alloc(cls)  # outside the lock: it may be slow or raise
+            with self._lock:
+                self._stats.allocations += 1
+        with self._lock:
+            self._stats.in_use_bytes += cls
+            self._stats.high_water_bytes = max(
+                self._stats.high_water_bytes, self._stats.in_use_bytes
+            )
+        return buffer
+
+    def release(self, buffer: B) -> None:
+        """Give a buffer back; beyond the cache cap it is freed."""
+        cls = self._size_of(buffer)
+        with self._lock:
+            self._stats.in_use_bytes -= cls
+            keep = self._stats.cached_bytes + cls <= self._max_cached
+            if keep:
+                self._free[cls].append(buffer)
+                self._stats.cached_bytes += cls
+        if not keep:
+            self._free_fn(buffer)
+
+    def stats(self) -> PoolStats:
+        """A copy of the counters."""
+        with self._lock:
+            s = self._stats
+            return PoolStats(
+                s.in_use_bytes, s.cached_bytes, s.high_water_bytes, s.allocations, s.reuses
+            )
+
+    def clear(self) -> None:
+        """Free every cached buffer (buffers in use are freed when released after this)."""
+        with self._lock:
+            cached = [b for buffers in self._free.values() for b in buffers]
+            self._free.clear()
+            self._stats.cached_bytes = 0
+        for buffer in cached:
+            self._free_fn(buffer)
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % ALIGNMENT
+    return raw[offset : offset + nbytes]
+
+
+class HostBufferPool(SizeClassPool[np.ndarray]):
+    """64-byte aligned uint8 NumPy buffers (ordinary pageable memory)."""
+
+    def __init__(self, max_cached_bytes: int = 256 * 1024 * 1024) -> None:
+        super().__init__(_aligned, lambda _: None, lambda b: b.nbytes, max_cached_bytes)
