@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+
 from tensord.codec import decode_tensor, encode_tensor
 from tensord.v1 import inference_pb2 as pb
 

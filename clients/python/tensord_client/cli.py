@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 import numpy as np
 from google.protobuf.json_format import MessageToDict
+
 from tensord.dtypes import DType
 from tensord.v1 import inference_pb2 as pb
-
 from tensord_client._common import DEFAULT_TARGET, TLSOptions
 from tensord_client.client import Client
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import grpc
 import numpy as np
+
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
-
 from tensord_client._common import (
     DEFAULT_TARGET,
     TLSOptions,
