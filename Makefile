@@ -47,12 +47,15 @@ proto: $(SETUP_STAMP)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=daemon --pyi_out=daemon \
 		--grpc_python_out=daemon protos/tensord/v1/inference.proto
 
-protos/node_modules/.installed: protos/package-lock.json
-	npm ci --prefix protos --no-audit --no-fund
+# `npm install` rather than `npm ci`: buf's lock file lists its per-platform binaries as
+# optional packages, and npm 11 leaves the other platforms' entries out, which `npm ci`
+# then rejects as out of sync. The lock still pins every version and checksum.
+protos/node_modules/.installed: protos/package.json protos/package-lock.json
+	npm install --prefix protos --no-audit --no-fund
 	touch $@
 
-clients/node/node_modules/.installed: clients/node/package-lock.json
-	npm ci --prefix clients/node --no-audit --no-fund
+clients/node/node_modules/.installed: clients/node/package.json clients/node/package-lock.json
+	npm install --prefix clients/node --no-audit --no-fund
 	touch $@
 
 npm-deps: protos/node_modules/.installed clients/node/node_modules/.installed

@@ -22,8 +22,8 @@ def require_tool(path: Path | None, what: str, install: str) -> Path:
 
 
 def buf() -> Path:
-    """The buf CLI that `npm ci --prefix protos` installs (or one on PATH)."""
+    """The buf CLI that `make npm-deps` installs (or one on PATH)."""
     local = ROOT / "protos" / "node_modules" / ".bin" / "buf"
     found = shutil.which("buf")
     candidate = local if local.exists() else (Path(found) if found else None)
-    return require_tool(candidate, "buf", "npm ci --prefix protos")
+    return require_tool(candidate, "buf", "make npm-deps")

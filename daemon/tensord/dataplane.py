@@ -58,6 +58,7 @@ class ServerInfo:
     cpu: CpuReport
     gpu: GpuReport
     available_providers: list[str]
+    tensorrt: str
     models: list[ModelVersion]
 
 
@@ -114,6 +115,7 @@ class DataPlane:
         from google.protobuf import __version__ as protobuf_version
 
         from tensord.backends.onnxruntime import available_providers
+        from tensord.backends.tensorrt import tensorrt_status
 
         runtime = {
             "python": platform.python_version(),
@@ -128,6 +130,7 @@ class DataPlane:
             probe_cpu(),
             probe_gpus(),
             available_providers(),
+            tensorrt_status()[1],
             self.registry.versions(),
         )
 

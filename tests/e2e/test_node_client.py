@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 CLIENT_DIR = ROOT / "clients" / "node"
 SCRIPT = CLIENT_DIR / "tensord-client.js"
-INSTALL = "npm ci --prefix clients/node"
+INSTALL = "make npm-deps"
 MASK32 = 0xFFFFFFFF
 
 

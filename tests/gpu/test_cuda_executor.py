@@ -90,4 +90,3 @@ async def test_cuda_ep_iobinding_matches_cpu(demo_repo: Path) -> None:
     stats = executor.stats()
     assert stats.kind == "cuda" and stats.pools["pinned"].in_use_bytes == 0
     executor.close()
-

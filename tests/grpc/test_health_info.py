@@ -107,3 +107,12 @@ def test_info_reports_executor_and_batching(client: Client) -> None:
     host = next(p for p in status.pools if p.name == "host")
     assert host.in_use_bytes == 0
     assert not info[("mlp", 1)].HasField("dynamic_batching")
+
+
+def test_info_says_whether_tensorrt_is_here(client: Client) -> None:
+    from tensord.backends.tensorrt import tensorrt_status
+
+    available, why = tensorrt_status()
+    assert client.info().tensorrt == why
+    if not available:
+        assert why.startswith("the tensorrt Python package is not usable here (")

@@ -8,6 +8,7 @@ from dataclasses import replace
 from tensord.backends.base import Backend, DeviceOptions, TensorSpec
 from tensord.devices import GpuReport, probe_gpus
 from tensord.dtypes import DType
+from tensord.errors import ModelLoadError
 from tensord.executor.base import Executor
 from tensord.executor.cpu import CpuExecutor
 
@@ -24,6 +25,30 @@ def executor_choice(provider: str, gpus: GpuReport, specs: Sequence[TensorSpec])
     if any(spec.dtype is DType.STRING for spec in specs):
         return "cpu", "string tensors live in host memory; ONNX Runtime copies the rest itself"
     return "cuda", f"{provider} on {gpus.gpus[0].name}: batches are pipelined over CUDA streams"
+
+
+def build_tensorrt_executor(
+    name: str, make_backend: Callable[[DeviceOptions], Backend], lanes: int, where: DeviceOptions
+) -> tuple[Executor, Backend]:
+    """Native TensorRT engines run only on the CUDA executor: one engine context per lane."""
+    from tensord.backends.tensorrt import tensorrt_status
+
+    gpus = probe_gpus()
+    if not gpus.gpus:
+        raise ModelLoadError(f'backend = "tensorrt" needs a CUDA device: {gpus.unavailable_reason}')
+    available, why = tensorrt_status()
+    if not available:
+        raise ModelLoadError(f'backend = "tensorrt" cannot load: {why}')
+    from tensord.executor.cuda.executor import CudaExecutor
+
+    executor = CudaExecutor(
+        name,
+        lambda stream: make_backend(replace(where, cuda_stream=stream)),
+        lanes,
+        where.device_id,
+        f"native TensorRT engines run on CUDA streams ({why})",
+    )
+    return executor, executor.primary_backend
 
 
 def build_executor(

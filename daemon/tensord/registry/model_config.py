@@ -83,6 +83,25 @@ class TensorRTConfig(BaseModel):
     """Keep built engines under the cache directory (keyed by ONNX Runtime)."""
     timing_cache: bool = True
     """Keep TensorRT's timing cache under the cache directory."""
+    int8: bool = False
+    """Native backend: build INT8 kernels (needs calibration_file)."""
+    calibration_file: str | None = None
+    """Native backend: a .npy of representative inputs for INT8 calibration."""
+    min_batch: int = Field(default=1, ge=1)
+    """Native backend: the optimisation profile's smallest batch."""
+    opt_batch: int = Field(default=8, ge=1)
+    """Native backend: the batch TensorRT tunes for."""
+    max_batch: int = Field(default=64, ge=1)
+    """Native backend: the optimisation profile's largest batch."""
+
+    @model_validator(mode="after")
+    def _check_profile(self) -> TensorRTConfig:
+        if not self.min_batch <= self.opt_batch <= self.max_batch:
+            raise ValueError(
+                f"tensorrt needs min_batch <= opt_batch <= max_batch, got "
+                f"{self.min_batch}, {self.opt_batch}, {self.max_batch}"
+            )
+        return self
 
 
 class ModelConfig(BaseModel):
@@ -92,8 +111,8 @@ class ModelConfig(BaseModel):
 
     name: str | None = None
     """The served name; defaults to the directory name."""
-    backend: Literal["onnxruntime"] = "onnxruntime"
-    """The backend that runs the model."""
+    backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
+    """`onnxruntime` (any provider), or `tensorrt`: a native engine built from the ONNX file."""
     model_file: str = "model.onnx"
     """The model file inside each version directory."""
     versions: list[int] = Field(default_factory=list)

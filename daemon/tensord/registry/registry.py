@@ -18,7 +18,7 @@ from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
 from tensord.executor.base import Executor
-from tensord.executor.select import build_executor
+from tensord.executor.select import build_executor, build_tensorrt_executor
 from tensord.executor.split import run_splitting_on_oom
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.repository import VersionSource, scan_repository
@@ -60,6 +60,10 @@ BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
 
 def default_backend_factory(path: Path, config: ModelConfig, where: DeviceOptions) -> Backend:
     """The backend named in model.toml."""
+    if config.backend == "tensorrt":
+        from tensord.backends.tensorrt import TensorRTBackend
+
+        return TensorRTBackend(path, config, where)
     from tensord.backends.onnxruntime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(path, config, where)
@@ -118,18 +122,23 @@ class ModelRegistry:
 
     def _load_blocking(self, entry: ModelVersion) -> None:
         config = entry.config
-        backend = self._factory(entry.path, config, self._where)
-        try:
-            executor, backend = build_executor(
-                entry.name,
-                backend,
-                lambda where: self._factory(entry.path, config, where),
-                config.instance_count,
-                self._where,
+
+        def make(where: DeviceOptions) -> Backend:
+            return self._factory(entry.path, config, where)
+
+        if config.backend == "tensorrt":
+            executor, backend = build_tensorrt_executor(
+                entry.name, make, config.instance_count, self._where
             )
-        except BaseException:
-            backend.close()
-            raise
+        else:
+            backend = make(self._where)
+            try:
+                executor, backend = build_executor(
+                    entry.name, backend, make, config.instance_count, self._where
+                )
+            except BaseException:
+                backend.close()
+                raise
         try:
             entry.inputs = apply_overrides(backend.inputs, entry.config.inputs, "inputs")
             entry.outputs = apply_overrides(backend.outputs, entry.config.outputs, "outputs")

@@ -145,5 +145,6 @@ def info_response(info: ServerInfo) -> pb.InfoResponse:
         cuda_driver_version=info.gpu.driver_version,
         cuda_runtime_version=info.gpu.runtime_version,
         available_providers=info.available_providers,
+        tensorrt=info.tensorrt,
         models=[model_info(mv) for mv in info.models],
     )

@@ -144,8 +144,9 @@ class CudaExecutor:
             lane.stats.runs += 1
             self._running += 1
         taken: list[tuple[PinnedHostPool | DevicePool, CudaBuffer]] = []
+        held: list[Any] = []  # backend outputs in device memory, released after the copies
         try:
-            outputs = self._pipeline(lane, parts, output_names, taken)
+            outputs = self._pipeline(lane, parts, output_names, taken, held)
         except BaseException:
             with self._lock:
                 lane.stats.failed += 1
@@ -155,6 +156,10 @@ class CudaExecutor:
             cudart.cudaStreamSynchronize(lane.stream)
             for pool, buffer in taken:
                 pool.release(buffer)
+            for value in held:
+                release = getattr(value, "release", None)
+                if release is not None:
+                    release()
             with self._lock:
                 lane.stats.busy_s += time.monotonic() - start
                 self._running -= 1
@@ -171,6 +176,7 @@ class CudaExecutor:
         parts: Sequence[Mapping[str, np.ndarray]],
         output_names: Sequence[str],
         taken: list[Any],
+        held: list[Any],
     ) -> list[np.ndarray]:
         rows = rows_of(parts)
         device_inputs = {}
@@ -188,6 +194,7 @@ class CudaExecutor:
                 )
             device_inputs[name] = DeviceTensor(dev.ptr, ONNX_TYPES[dtype], shape)
         values = lane.backend.run_device(device_inputs, output_names)
+        held.extend(values)
         staged = []
         for value in values:
             out_dtype = dtypes.from_ort_type(value.data_type())

@@ -1,0 +1,270 @@
+"""The native TensorRT backend: an engine built from the ONNX file, cached on disk.
+
+The engine is built with FP16/INT8 flags and one optimisation profile (min/opt/max batch
+from model.toml), with a persistent timing cache. The serialized engine is cached under
+`cache_directory/tensorrt/engines`, keyed by the model's hash, the TensorRT version, the
+GPU name and the build flags. It runs on the CUDA executor's lane stream with
+`set_tensor_address` + `execute_async_v3`.
+
+`tensorrt` cannot be installed on many hosts: the backend is optional, and Info and the
+load error say whether it is there and why not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
+from tensord.dtypes import DType
+from tensord.errors import InternalError, ModelLoadError
+from tensord.registry.model_config import ModelConfig, TensorRTConfig
+
+PROVIDER = "TensorRT (native)"
+
+
+def tensorrt_status() -> tuple[bool, str]:
+    """Whether the tensorrt module imports here, and its version or the reason it does not."""
+    try:
+        import tensorrt
+    except Exception as exc:  # ImportError, or a broken install missing its libraries
+        return False, f"the tensorrt Python package is not usable here ({exc})"
+    return True, f"TensorRT {tensorrt.__version__}"
+
+
+def engine_key(model_bytes: bytes, trt_version: str, gpu_name: str, trt: TensorRTConfig) -> str:
+    """The engine cache key: model hash, TensorRT version, GPU and every build flag."""
+    digest = hashlib.sha256(model_bytes)
+    for part in (trt_version, gpu_name, trt.model_dump_json()):
+        digest.update(b"\0" + part.encode())
+    return digest.hexdigest()[:32]
+
+
+def check_int8(config: ModelConfig, model_dir: Path) -> Path | None:
+    """INT8 needs a calibration .npy named in model.toml; refuse clearly without one."""
+    trt = config.tensorrt
+    if not trt.int8:
+        return None
+    if trt.calibration_file is None:
+        raise ModelLoadError(
+            "tensorrt.int8 = true needs tensorrt.calibration_file: a .npy of representative "
+            "inputs (first dimension = samples) beside model.toml"
+        )
+    path = model_dir / trt.calibration_file
+    if not path.is_file():
+        raise ModelLoadError(f"tensorrt.calibration_file {path} does not exist")
+    return path
+
+
+_DTYPES = {
+    "FLOAT": DType.FLOAT32, "HALF": DType.FLOAT16, "BF16": DType.BFLOAT16, "INT8": DType.INT8,
+    "INT32": DType.INT32, "INT64": DType.INT64, "BOOL": DType.BOOL, "UINT8": DType.UINT8,
+}  # fmt: skip
+_ORT_NAMES = {
+    DType.FLOAT32: "tensor(float)", DType.FLOAT16: "tensor(float16)",
+    DType.BFLOAT16: "tensor(bfloat16)", DType.INT8: "tensor(int8)", DType.INT32: "tensor(int32)",
+    DType.INT64: "tensor(int64)", DType.BOOL: "tensor(bool)", DType.UINT8: "tensor(uint8)",
+}  # fmt: skip
+
+
+@dataclass(slots=True)
+class DeviceOutput:
+    """An output in a pooled device buffer; the executor releases it after its copy."""
+
+    buffer: Any
+    dims: tuple[int, ...]
+    dtype: DType
+    pool: Any
+
+    def data_ptr(self) -> int:
+        return int(self.buffer.ptr)
+
+    def shape(self) -> tuple[int, ...]:
+        return self.dims
+
+    def data_type(self) -> str:
+        return _ORT_NAMES[self.dtype]
+
+    def release(self) -> None:
+        self.pool.release(self.buffer)
+
+
+class TensorRTBackend:
+    """One engine and one execution context, bound to one lane's stream."""
+
+    def __init__(self, path: Path, config: ModelConfig, where: DeviceOptions) -> None:
+        available, why = tensorrt_status()
+        if not available:
+            raise ModelLoadError(f'backend = "tensorrt" cannot load: {why}')
+        if where.cuda_stream is None:
+            raise ModelLoadError("the native TensorRT backend needs a CUDA device and stream")
+        import tensorrt as trt
+
+        from tensord.devices import probe_gpus
+        from tensord.executor.cuda.pools import DevicePool
+
+        self._trt = trt
+        self._stream = where.cuda_stream
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        gpus = probe_gpus().gpus
+        gpu = gpus[where.device_id].name if where.device_id < len(gpus) else "unknown GPU"
+        engine_bytes = self._engine(path, config, where.cache_directory / "tensorrt", gpu)
+        self._engine_obj = trt.Runtime(self._logger).deserialize_cuda_engine(engine_bytes)
+        if self._engine_obj is None:
+            raise ModelLoadError(f"TensorRT could not deserialize the engine for {path}")
+        self._context = self._engine_obj.create_execution_context()
+        self._outputs_pool = DevicePool()
+        self._lock = threading.Lock()
+        self.inputs, self.outputs = self._signature()
+        self.placement = BackendPlacement(
+            "tensorrt", PROVIDER, f'backend = "tensorrt" in model.toml; {why} on {gpu}', (PROVIDER,)
+        )
+
+    def _engine(self, path: Path, config: ModelConfig, cache: Path, gpu: str) -> bytes:
+        model_bytes = path.read_bytes()
+        key = engine_key(model_bytes, self._trt.__version__, gpu, config.tensorrt)
+        cached = cache / "engines" / f"{key}.engine"
+        if cached.is_file():
+            return cached.read_bytes()
+        engine = self._build(model_bytes, config, path.parent, cache / "timing.cache")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        tmp.write_bytes(engine)
+        tmp.replace(cached)  # atomic: a concurrent loader sees all of it or none
+        return engine
+
+    def _build(
+        self, model_bytes: bytes, config: ModelConfig, model_dir: Path, timing: Path
+    ) -> bytes:
+        trt = self._trt
+        builder = trt.Builder(self._logger)
+        network = builder.create_network(0)
+        parser = trt.OnnxParser(network, self._logger)
+        if not parser.parse(model_bytes):
+            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise ModelLoadError(f"TensorRT cannot parse the ONNX model: {errors}")
+        build = builder.create_builder_config()
+        options = config.tensorrt
+        if options.fp16:
+            build.set_flag(trt.BuilderFlag.FP16)
+        calibration = check_int8(config, model_dir)
+        if calibration is not None:
+            build.set_flag(trt.BuilderFlag.INT8)
+            build.int8_calibrator = _calibrator(trt, np.load(calibration), options.opt_batch)
+        profile = builder.create_optimization_profile()
+        for i in range(network.num_inputs):
+            tensor = network.get_input(i)
+            rest = tuple(tensor.shape)[1:]
+            if any(d < 0 for d in rest):
+                raise ModelLoadError(
+                    f"input {tensor.name!r} has dynamic non-batch dimensions "
+                    f"{tuple(tensor.shape)}; the TensorRT profile varies the batch only"
+                )
+            profile.set_shape(
+                tensor.name,
+                (options.min_batch, *rest),
+                (options.opt_batch, *rest),
+                (options.max_batch, *rest),
+            )
+        build.add_optimization_profile(profile)
+        cache = build.create_timing_cache(timing.read_bytes() if timing.is_file() else b"")
+        build.set_timing_cache(cache, ignore_mismatch=False)
+        serialized = builder.build_serialized_network(network, build)
+        if serialized is None:
+            raise ModelLoadError("TensorRT failed to build an engine (see its log above)")
+        timing.parent.mkdir(parents=True, exist_ok=True)
+        timing.write_bytes(bytes(build.get_timing_cache().serialize()))
+        return bytes(serialized)
+
+    def _signature(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        trt, engine = self._trt, self._engine_obj
+        inputs: list[TensorSpec] = []
+        outputs: list[TensorSpec] = []
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            kind = _DTYPES.get(engine.get_tensor_dtype(name).name)
+            if kind is None:
+                raise ModelLoadError(f"tensor {name!r} has a TensorRT type tensord cannot carry")
+            spec = TensorSpec(name, kind, tuple(int(d) for d in engine.get_tensor_shape(name)))
+            is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+            (inputs if is_input else outputs).append(spec)
+        return inputs, outputs
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
+        raise InternalError("the native TensorRT backend runs only on the CUDA executor")
+
+    def run_device(
+        self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]
+    ) -> list[DeviceOutput]:
+        """Bind device buffers, enqueue with execute_async_v3 on the lane's stream."""
+        context = self._context
+        with self._lock:  # one context: one enqueue at a time (each lane has its own backend)
+            for name, tensor in inputs.items():
+                context.set_input_shape(name, tensor.shape)
+                context.set_tensor_address(name, tensor.ptr)
+            outputs = []
+            specs = {s.name: s for s in self.outputs}
+            for name in output_names:
+                dims = tuple(int(d) for d in context.get_tensor_shape(name))
+                dtype = specs[name].dtype
+                nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.numpy.itemsize
+                buffer = self._outputs_pool.acquire(max(nbytes, 1))
+                context.set_tensor_address(name, buffer.ptr)
+                outputs.append(DeviceOutput(buffer, dims, dtype, self._outputs_pool))
+            if not context.execute_async_v3(self._stream):
+                for out in outputs:
+                    out.release()
+                raise InternalError("TensorRT execute_async_v3 failed (see its log)")
+        return outputs
+
+    def close(self) -> None:
+        """Drop the context and engine; free the output buffers."""
+        self._context = None
+        self._engine_obj = None
+        self._outputs_pool.clear()
+
+
+def _calibrator(trt: Any, samples: np.ndarray, batch: int) -> Any:
+    """An entropy calibrator feeding the .npy samples in batches through device memory."""
+    from cuda.bindings import runtime as cudart
+
+    from tensord.executor.cuda.runtime import check
+
+    samples = np.ascontiguousarray(samples)
+
+    class Calibrator(trt.IInt8EntropyCalibrator2):
+        def __init__(self) -> None:
+            super().__init__()
+            self.index = 0
+            self.nbytes = samples[:batch].nbytes
+            self.device = check(cudart.cudaMalloc(self.nbytes), "cudaMalloc")
+
+        def get_batch_size(self) -> int:
+            return batch
+
+        def get_batch(self, names: list[str]) -> list[int] | None:
+            if self.index + batch > len(samples):
+                return None
+            chunk = samples[self.index : self.index + batch]
+            kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+            check(
+                cudart.cudaMemcpy(self.device, chunk.ctypes.data, chunk.nbytes, kind), "cudaMemcpy"
+            )
+            self.index += batch
+            return [int(self.device)]
+
+        def read_calibration_cache(self) -> bytes | None:
+            return None
+
+        def write_calibration_cache(self, cache: bytes) -> None:
+            return None
+
+    return Calibrator()

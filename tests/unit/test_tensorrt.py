@@ -1,0 +1,68 @@
+"""The native TensorRT backend's host-side rules: optional, INT8 refusal, cache keys."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tensord.backends.tensorrt import check_int8, engine_key, tensorrt_status
+from tensord.devices import probe_gpus
+from tensord.errors import ModelLoadError
+from tensord.registry.model_config import ModelConfig, TensorRTConfig
+from tensord.registry.registry import ModelRegistry, ModelState
+
+
+def test_int8_needs_a_calibration_file(tmp_path: Path) -> None:
+    assert check_int8(ModelConfig(), tmp_path) is None
+    with pytest.raises(
+        ModelLoadError, match=r"tensorrt\.int8 = true needs tensorrt\.calibration_file"
+    ):
+        check_int8(ModelConfig(tensorrt=TensorRTConfig(int8=True)), tmp_path)
+    config = ModelConfig(tensorrt=TensorRTConfig(int8=True, calibration_file="calib.npy"))
+    with pytest.raises(ModelLoadError, match=r"calib\.npy does not exist"):
+        check_int8(config, tmp_path)
+    (tmp_path / "calib.npy").write_bytes(b"")
+    assert check_int8(config, tmp_path) == tmp_path / "calib.npy"
+
+
+def test_engine_key_covers_model_version_gpu_and_flags() -> None:
+    base = engine_key(b"model", "10.0", "H100", TensorRTConfig())
+    assert len(base) == 32
+    assert base == engine_key(b"model", "10.0", "H100", TensorRTConfig())
+    others = {
+        engine_key(b"other", "10.0", "H100", TensorRTConfig()),
+        engine_key(b"model", "10.1", "H100", TensorRTConfig()),
+        engine_key(b"model", "10.0", "H200", TensorRTConfig()),
+        engine_key(b"model", "10.0", "H100", TensorRTConfig(fp16=True)),
+        engine_key(b"model", "10.0", "H100", TensorRTConfig(max_batch=128)),
+    }
+    assert base not in others and len(others) == 5
+
+
+def test_profile_must_be_ordered() -> None:
+    with pytest.raises(ValueError, match="min_batch <= opt_batch <= max_batch, got 1, 16, 8"):
+        TensorRTConfig(opt_batch=16, max_batch=8)
+
+
+async def test_a_host_without_tensorrt_fails_that_model_only(
+    tmp_path: Path, demo_repo: Path
+) -> None:
+    shutil.copytree(demo_repo / "mlp", tmp_path / "mlp")
+    shutil.copytree(demo_repo / "mlp", tmp_path / "mlp_trt")
+    (tmp_path / "mlp_trt" / "model.toml").write_text('backend = "tensorrt"\nmax_batch_size = 8\n')
+    registry = ModelRegistry(tmp_path)
+    await registry.load_all()
+    states = {mv.name: (mv.state, mv.reason) for mv in registry.versions()}
+    assert states["mlp"][0] is ModelState.READY
+    state, reason = states["mlp_trt"]
+    gpus = probe_gpus()
+    available, why = tensorrt_status()
+    if not gpus.gpus:
+        assert state is ModelState.FAILED
+        assert reason == f'backend = "tensorrt" needs a CUDA device: {gpus.unavailable_reason}'
+    elif not available:
+        assert state is ModelState.FAILED
+        assert reason == f'backend = "tensorrt" cannot load: {why}'
+    await registry.close()
