@@ -1,24 +1,15 @@
-"""The CPU executor: worker threads as lanes, joins into pooled aligned host buffers.
-
-A request still queued when its deadline passes never runs; one whose client goes away
-is dropped from the queue. The event loop only awaits.
-"""
+"""The CPU executor: worker threads as lanes, joins into pooled aligned host buffers."""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import numpy as np
 
 from tensord.backends.base import Backend
-from tensord.errors import DeadlineExceededError
-from tensord.executor.base import ExecutorStats, LaneStats, RunResult
+from tensord.executor.base import PoolStats
+from tensord.executor.lanes import LaneExecutor
 from tensord.executor.pools import HostBufferPool
 
 
@@ -43,76 +34,19 @@ def join_into(
     return joined
 
 
-class CpuExecutor:
-    """`lanes` worker threads running one backend (ONNX Runtime sessions are thread-safe)."""
+class CpuExecutor(LaneExecutor):
+    """Lanes sharing one backend (ONNX Runtime sessions are safe to run from many threads)."""
 
     kind = "cpu"
 
     def __init__(self, name: str, backend: Backend, lanes: int, reason: str = "") -> None:
-        self.reason = reason
         self._backend = backend
-        self._lane_ids = itertools.count()
-        self._local = threading.local()
-        self._lanes = [LaneStats() for _ in range(lanes)]
-        self._lock = threading.Lock()
-        self._queued = 0
-        self._running = 0
         self._host = HostBufferPool()
-        self._pool = ThreadPoolExecutor(
-            max_workers=lanes, thread_name_prefix=f"lane-{name}", initializer=self._name_lane
-        )
+        super().__init__(name, lanes, reason)
 
-    def _name_lane(self) -> None:
-        self._local.lane = next(self._lane_ids)
-
-    async def run(
-        self,
-        parts: Sequence[Mapping[str, np.ndarray]],
-        output_names: Sequence[str],
-        deadline: float | None = None,
-    ) -> RunResult:
-        """Queue one run; `deadline` is a time.monotonic() value or None."""
-        submitted = time.monotonic()
-        with self._lock:
-            self._queued += 1
-        cfuture = self._pool.submit(self._run, parts, output_names, deadline, submitted)
-        cfuture.add_done_callback(self._dequeued_if_cancelled)
-        future = asyncio.wrap_future(cfuture)
-        if deadline is None:
-            return await future
-        try:
-            # On timeout wait_for cancels the future, which drops it if it has not started.
-            return await asyncio.wait_for(future, timeout=max(deadline - time.monotonic(), 0.0))
-        except TimeoutError:
-            waited = (time.monotonic() - submitted) * 1e3
-            raise DeadlineExceededError(
-                f"the deadline passed after {waited:.1f} ms while the request was queued or running"
-            ) from None
-
-    def _dequeued_if_cancelled(self, cfuture: object) -> None:
-        if getattr(cfuture, "cancelled", lambda: False)():
-            with self._lock:
-                self._queued -= 1
-
-    def _run(
-        self,
-        parts: Sequence[Mapping[str, np.ndarray]],
-        output_names: Sequence[str],
-        deadline: float | None,
-        submitted: float,
-    ) -> RunResult:
-        start = time.monotonic()
-        lane = self._lanes[self._local.lane]
-        with self._lock:
-            self._queued -= 1
-        if deadline is not None and start >= deadline:
-            raise DeadlineExceededError(
-                f"the deadline passed after {(start - submitted) * 1e3:.1f} ms in the queue; "
-                "the request did not run"
-            )
-        with self._lock:
-            lane.runs += 1
-            self._running += 1
+    def _execute(
+        self, lane: int, parts: Sequence[Mapping[str, np.ndarray]], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         with ExitStack() as buffers:
 
             def take(nbytes: int) -> np.ndarray:
@@ -120,30 +54,10 @@ class CpuExecutor:
                 buffers.callback(self._host.release, buffer)
                 return buffer
 
-            try:
-                outputs = self._backend.run(join_into(parts, take), output_names)
-            except BaseException:
-                with self._lock:
-                    lane.failed += 1
-                raise
-            finally:
-                with self._lock:
-                    lane.busy_s += time.monotonic() - start
-                    self._running -= 1
-        return RunResult(outputs, start - submitted, time.monotonic() - start)
+            return self._backend.run(join_into(parts, take), output_names)
 
-    def run_blocking(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
-    ) -> list[np.ndarray]:
-        """A direct run on the caller's thread (warm-up)."""
-        return self._backend.run(inputs, output_names)
-
-    def stats(self) -> ExecutorStats:
-        """Per-lane runs and busy time, queued runs, the host pool."""
-        with self._lock:
-            lanes = [LaneStats(s.runs, s.failed, s.busy_s) for s in self._lanes]
-            queued, running = self._queued, self._running
-        return ExecutorStats(self.kind, lanes, queued, running, {"host": self._host.stats()})
+    def _pools(self) -> dict[str, PoolStats]:
+        return {"host": self._host.stats()}
 
     def close(self) -> None:
         """Stop the lanes, drop cached buffers and close the backend.
@@ -151,6 +65,6 @@ class CpuExecutor:
         Queued runs are cancelled; a run in progress finishes on its thread, holding its own
         reference to the session.
         """
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._stop_lanes(wait=False)
         self._host.clear()
         self._backend.close()

@@ -8,13 +8,8 @@ more lanes, batch k+1's copies overlap batch k's compute on another stream.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,10 +17,10 @@ from cuda.bindings import runtime as cudart
 
 from tensord import dtypes
 from tensord.backends.base import DeviceTensor
-from tensord.errors import DeadlineExceededError
-from tensord.executor.base import ExecutorStats, LaneStats, RunResult
+from tensord.executor.base import PoolStats
 from tensord.executor.cuda.pools import CudaBuffer, DevicePool, PinnedHostPool
 from tensord.executor.cuda.runtime import check
+from tensord.executor.lanes import LaneExecutor
 from tensord.executor.split import rows_of
 
 H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
@@ -41,15 +36,14 @@ ONNX_TYPES = {
 
 @dataclass(slots=True)
 class Lane:
-    """One CUDA stream, its completion event, its backend session and its counters."""
+    """One CUDA stream, its completion event and its backend session."""
 
     stream: Any
     done: Any
     backend: Any
-    stats: LaneStats = field(default_factory=LaneStats)
 
 
-class CudaExecutor:
+class CudaExecutor(LaneExecutor):
     """Lanes of CUDA streams over one device, with pinned host and device buffer pools."""
 
     kind = "cuda"
@@ -62,7 +56,6 @@ class CudaExecutor:
         device_id: int = 0,
         reason: str = "",
     ) -> None:
-        self.reason = reason
         self.device_id = device_id
         check(cudart.cudaSetDevice(device_id), "cudaSetDevice")
         self.pinned = PinnedHostPool()
@@ -78,79 +71,25 @@ class CudaExecutor:
                 "cudaEventCreateWithFlags",
             )
             self._lanes.append(Lane(stream, done, make_backend(int(stream))))
-        self._lane_ids = itertools.count()
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._queued = 0
-        self._running = 0
-        self._pool = ThreadPoolExecutor(
-            max_workers=lanes, thread_name_prefix=f"cuda-{name}", initializer=self._bind_lane
-        )
+        super().__init__(name, lanes, reason)
 
     @property
     def primary_backend(self) -> Any:
         """Lane 0's backend (its signature and placement describe the model)."""
         return self._lanes[0].backend
 
-    def _bind_lane(self) -> None:
-        self._local.lane = next(self._lane_ids)
+    def _lane_started(self) -> None:
+        # The current device is per host thread in the CUDA runtime.
         check(cudart.cudaSetDevice(self.device_id), "cudaSetDevice")
 
-    async def run(
-        self,
-        parts: Sequence[Mapping[str, np.ndarray]],
-        output_names: Sequence[str],
-        deadline: float | None = None,
-    ) -> RunResult:
-        """Queue one run on the next free lane; `deadline` is a time.monotonic() value."""
-        submitted = time.monotonic()
-        with self._lock:
-            self._queued += 1
-        cfuture = self._pool.submit(self._run, parts, output_names, deadline, submitted)
-        cfuture.add_done_callback(self._dequeued_if_cancelled)
-        future = asyncio.wrap_future(cfuture)
-        if deadline is None:
-            return await future
-        try:
-            return await asyncio.wait_for(future, timeout=max(deadline - time.monotonic(), 0.0))
-        except TimeoutError:
-            waited = (time.monotonic() - submitted) * 1e3
-            raise DeadlineExceededError(
-                f"the deadline passed after {waited:.1f} ms while the request was queued or running"
-            ) from None
-
-    def _dequeued_if_cancelled(self, cfuture: Any) -> None:
-        if cfuture.cancelled():
-            with self._lock:
-                self._queued -= 1
-
-    def _run(
-        self,
-        parts: Sequence[Mapping[str, np.ndarray]],
-        output_names: Sequence[str],
-        deadline: float | None,
-        submitted: float,
-    ) -> RunResult:
-        start = time.monotonic()
-        lane = self._lanes[self._local.lane]
-        with self._lock:
-            self._queued -= 1
-        if deadline is not None and start >= deadline:
-            raise DeadlineExceededError(
-                f"the deadline passed after {(start - submitted) * 1e3:.1f} ms in the queue; "
-                "the request did not run"
-            )
-        with self._lock:
-            lane.stats.runs += 1
-            self._running += 1
+    def _execute(
+        self, index: int, parts: Sequence[Mapping[str, np.ndarray]], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
+        lane = self._lanes[index]
         taken: list[tuple[PinnedHostPool | DevicePool, CudaBuffer]] = []
         held: list[Any] = []  # backend outputs in device memory, released after the copies
         try:
-            outputs = self._pipeline(lane, parts, output_names, taken, held)
-        except BaseException:
-            with self._lock:
-                lane.stats.failed += 1
-            raise
+            return self._pipeline(lane, parts, output_names, taken, held)
         finally:
             # Copies may still be in flight after a failure: wait before buffers are reused.
             cudart.cudaStreamSynchronize(lane.stream)
@@ -160,10 +99,6 @@ class CudaExecutor:
                 release = getattr(value, "release", None)
                 if release is not None:
                     release()
-            with self._lock:
-                lane.stats.busy_s += time.monotonic() - start
-                self._running -= 1
-        return RunResult(outputs, start - submitted, time.monotonic() - start)
 
     def _take(self, pool: PinnedHostPool | DevicePool, nbytes: int, taken: list[Any]) -> CudaBuffer:
         buffer = pool.acquire(nbytes)
@@ -214,27 +149,12 @@ class CudaExecutor:
         # Copy out of the pinned buffers: they return to the pool for the next batch.
         return [host.view(dtype, shape).copy() for host, dtype, shape in staged]
 
-    def run_blocking(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
-    ) -> list[np.ndarray]:
-        """Warm-up: one run on lane 0, on the caller's thread."""
-        self._local.lane = 0
-        check(cudart.cudaSetDevice(self.device_id), "cudaSetDevice")
-        with self._lock:
-            self._queued += 1
-        return self._run([inputs], output_names, None, time.monotonic()).outputs
-
-    def stats(self) -> ExecutorStats:
-        """Per-lane runs and busy time, queued runs, pinned and device pools."""
-        with self._lock:
-            lanes = [LaneStats(x.stats.runs, x.stats.failed, x.stats.busy_s) for x in self._lanes]
-            queued, running = self._queued, self._running
-        pools = {"pinned": self.pinned.stats(), "device": self.device.stats()}
-        return ExecutorStats(self.kind, lanes, queued, running, pools)
+    def _pools(self) -> dict[str, PoolStats]:
+        return {"pinned": self.pinned.stats(), "device": self.device.stats()}
 
     def close(self) -> None:
         """Wait for the lanes, free every buffer, stream and event."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._stop_lanes(wait=True)
         for lane in self._lanes:
             lane.backend.close()
             cudart.cudaEventDestroy(lane.done)
