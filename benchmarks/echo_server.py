@@ -1,0 +1,66 @@
+"""The transport limit: a bare grpc.aio server that answers Predict with fixed bytes.
+
+It registers /tensord.v1.InferenceService/Predict exactly as the generated code does for
+the daemon (generic plus registered method handlers, same server options), but with no
+(de)serialisers and no work: request bytes in, a PredictResponse-sized reply out. The
+rate a load generator gets from it is what grpcio alone allows on this host.
+
+Run as a subprocess: `python echo_server.py --listen 127.0.0.1:0`; it prints
+`LISTENING <port>` on stdout once it accepts calls, and exits on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+import grpc
+from payloads import METHOD, SERVICE, response_bytes
+
+# The daemon's defaults (tensord.config.ServerSettings): keep the two servers alike.
+_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def _handlers(reply: bytes) -> dict[str, grpc.RpcMethodHandler]:
+    async def predict(request: bytes, context: Any) -> bytes:
+        return reply
+
+    return {METHOD: grpc.unary_unary_rpc_method_handler(predict)}
+
+
+async def serve(listen: str) -> None:
+    """Serve until SIGTERM or SIGINT; print the bound port first."""
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    handlers = _handlers(response_bytes())
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+    port = server.add_insecure_port(listen)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"LISTENING {port}", flush=True)
+    await stop.wait()
+    await server.stop(0.5)
+
+
+def main() -> int:
+    """Parse --listen and serve."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT; port 0 picks one")
+    args = parser.parse_args()
+    asyncio.run(serve(args.listen))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

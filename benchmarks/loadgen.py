@@ -1,0 +1,259 @@
+"""The load generator: N workers sending back-to-back batch-1 Predict calls on one channel.
+
+Run as a subprocess, one or more per measurement point, so that its CPU use is its own
+and comparable between servers. The identical code and bytes go to the tensord daemon
+and to the echo server: the request is pre-serialised and the reply is kept as bytes
+(no protobuf work on the client), which keeps the client as cheap as grpcio allows.
+
+Two drivers, both on one channel (one HTTP/2 connection):
+  aio   grpc.aio, N asyncio tasks. The cheapest per call once several are in flight.
+  sync  the blocking API, N threads. At one call in flight it has ~30 % less latency
+        than aio (no hop from grpc's poller to the event loop); with many threads the
+        GIL makes it worse than aio. predict_bench.py picks per point (see README).
+
+Protocol on stdin/stdout (so several processes start their windows together):
+  1. it connects, retries Predict until it succeeds (the daemon answers UNAVAILABLE
+     while it loads models), makes a few more calls, and prints `READY`;
+  2. it reads `GO <t_start_ns>` (a time.monotonic_ns() value, one clock for every
+     process on Linux), sends from t_start, and measures from t_start + warm-up for
+     the window's duration; calls completing inside the window count;
+  3. it prints one JSON line: completions, their latencies (ns), errors, its own CPU.
+With --ready-only it stops after step 1 (the benchmark's readiness probe).
+End of stdin before GO means the benchmark went away: it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from payloads import PREDICT_PATH, request_bytes
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.enable_retries", 0),
+    # Reconnect quickly while a server is still starting.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+_READY_TIMEOUT_S = 120.0
+_PROBE_CALLS = 20
+_LOCK = threading.Lock()
+
+
+@dataclass(slots=True)
+class Window:
+    """The measurement window [t0, t1) in monotonic ns, and what completed inside it."""
+
+    t0: int
+    t1: int
+    latencies_ns: list[int] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    calls: int = 0
+
+    def result(
+        self, concurrency: int, cpu_s: float, payload: bytes, reply: bytes
+    ) -> dict[str, Any]:
+        """The JSON-able report for the benchmark."""
+        return {
+            "concurrency": concurrency,
+            "window_s": (self.t1 - self.t0) / 1e9,
+            "ok": len(self.latencies_ns),
+            "errors": dict(self.errors),
+            "latencies_ns": self.latencies_ns,
+            "calls_total": self.calls,
+            "cpu_s_total": cpu_s,
+            "request_bytes": len(payload),
+            "reply_bytes": len(reply),
+        }
+
+
+def _parse_go(line: str) -> int:
+    verb, _, value = line.strip().partition(" ")
+    if not line:
+        raise SystemExit("loadgen: stdin closed before GO; exiting")
+    if verb != "GO":
+        raise RuntimeError(f"expected 'GO <t_start_ns>', got {line!r}")
+    return int(value)
+
+
+def _window(t_start: int, args: argparse.Namespace) -> Window:
+    t0 = t_start + int(args.warmup * 1e9)
+    return Window(t0, t0 + int(args.duration * 1e9))
+
+
+def _sleep_until(t_ns: int) -> float:
+    return max(t_ns - time.monotonic_ns(), 0) / 1e9
+
+
+# ---------------------------------------------------------------- aio driver
+
+
+async def _aio_worker(call: Any, payload: bytes, window: Window, timeout: float | None) -> None:
+    """Back-to-back calls until t1; record those that complete within the window."""
+    clock = time.monotonic_ns
+    t0, t1 = window.t0, window.t1
+    latencies = window.latencies_ns
+    while True:
+        start = clock()
+        if start >= t1:
+            return
+        try:
+            await call(payload, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if t0 <= clock() < t1:
+                window.errors[exc.code().name] += 1
+            continue
+        end = clock()
+        window.calls += 1
+        if t0 <= end < t1:
+            latencies.append(end - start)
+
+
+async def _aio_ready(call: Any, payload: bytes) -> bytes:
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while True:
+        try:
+            reply: bytes = await call(payload, timeout=10.0)
+            break
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+    for _ in range(_PROBE_CALLS):
+        reply = await call(payload, timeout=10.0)
+    return reply
+
+
+async def run_aio(args: argparse.Namespace) -> dict[str, Any]:
+    """The aio driver: one channel, `concurrency` tasks."""
+    payload = request_bytes()
+    timeout = args.timeout if args.timeout > 0 else None
+    async with grpc.aio.insecure_channel(args.target, options=_CHANNEL_OPTIONS) as channel:
+        call = channel.unary_unary(PREDICT_PATH, _registered_method=True)
+        reply = await _aio_ready(call, payload)
+        print("READY", flush=True)
+        if args.ready_only:
+            return {}
+        window = _window(_parse_go(await asyncio.to_thread(sys.stdin.readline)), args)
+        await asyncio.sleep(_sleep_until(window.t0 - int(args.warmup * 1e9)))
+        cpu0 = time.process_time()
+        await asyncio.gather(
+            *(_aio_worker(call, payload, window, timeout) for _ in range(args.concurrency))
+        )
+        cpu = time.process_time() - cpu0
+    return window.result(args.concurrency, cpu, payload, reply)
+
+
+# --------------------------------------------------------------- sync driver
+
+
+def _sync_worker(
+    call: Callable[..., bytes], payload: bytes, window: Window, timeout: float | None
+) -> None:
+    """Blocking twin of _aio_worker; list.append is atomic under the GIL, counters locked."""
+    clock = time.monotonic_ns
+    t0, t1 = window.t0, window.t1
+    latencies = window.latencies_ns
+    calls = 0
+    while True:
+        start = clock()
+        if start >= t1:
+            break
+        try:
+            call(payload, timeout=timeout)
+        except grpc.RpcError as exc:
+            if t0 <= clock() < t1:
+                with _LOCK:
+                    window.errors[exc.code().name] += 1
+            continue
+        end = clock()
+        calls += 1
+        if t0 <= end < t1:
+            latencies.append(end - start)
+    with _LOCK:
+        window.calls += calls
+
+
+def _sync_ready(call: Callable[..., bytes], payload: bytes) -> bytes:
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while True:
+        try:
+            reply = call(payload, timeout=10.0)
+            break
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    for _ in range(_PROBE_CALLS):
+        reply = call(payload, timeout=10.0)
+    return reply
+
+
+def run_sync(args: argparse.Namespace) -> dict[str, Any]:
+    """The blocking driver: one channel, `concurrency` threads (the caller's, when 1)."""
+    payload = request_bytes()
+    timeout = args.timeout if args.timeout > 0 else None
+    with grpc.insecure_channel(args.target, options=_CHANNEL_OPTIONS) as channel:
+        call = channel.unary_unary(PREDICT_PATH, _registered_method=True)
+        reply = _sync_ready(call, payload)
+        print("READY", flush=True)
+        if args.ready_only:
+            return {}
+        window = _window(_parse_go(sys.stdin.readline()), args)
+        time.sleep(_sleep_until(window.t0 - int(args.warmup * 1e9)))
+        cpu0 = time.process_time()
+        if args.concurrency == 1:
+            _sync_worker(call, payload, window, timeout)
+        else:
+            threads = [
+                threading.Thread(target=_sync_worker, args=(call, payload, window, timeout))
+                for _ in range(args.concurrency)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        cpu = time.process_time() - cpu0
+    return window.result(args.concurrency, cpu, payload, reply)
+
+
+def main() -> int:
+    """Parse the flags, run the chosen driver, print the JSON result line."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--target", required=True, help="HOST:PORT of the server")
+    parser.add_argument("--concurrency", type=int, default=1, help="calls in flight")
+    parser.add_argument(
+        "--ready-only", action="store_true", help="exit after READY (a readiness probe)"
+    )
+    parser.add_argument("--client", choices=["aio", "sync"], default="aio", help="driver")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before the window")
+    parser.add_argument("--duration", type=float, default=5.0, help="window length, seconds")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="per-call deadline, s (the client's default); 0: none",
+    )
+    args = parser.parse_args()
+    report = asyncio.run(run_aio(args)) if args.client == "aio" else run_sync(args)
+    if report:
+        print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
