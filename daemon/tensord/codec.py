@@ -14,7 +14,7 @@ from typing import cast
 
 import numpy as np
 
-from tensord.dtypes import DType
+from tensord.dtypes import DType, from_numpy
 from tensord.errors import InvalidArgumentError
 from tensord.v1 import inference_pb2 as pb
 
@@ -187,8 +187,6 @@ def encode_tensor(name: str, array: np.ndarray, *, contents: bool = False) -> pb
 
 
 def _array_dtype(array: np.ndarray, name: str) -> DType:
-    from tensord.dtypes import from_numpy
-
     try:
         return from_numpy(array.dtype)
     except ValueError as exc:

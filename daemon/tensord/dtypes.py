@@ -78,14 +78,23 @@ def from_ort_type(type_name: str) -> DType | None:
     return _ORT_NAMES.get(type_name)
 
 
+_FROM_NUMPY: dict[np.dtype, DType] = {}
+
+
 def from_numpy(dtype: np.dtype) -> DType:
     """The DType for a NumPy dtype; raises ValueError for types the contract lacks."""
+    found = _FROM_NUMPY.get(dtype)  # the hot path: one dict lookup per tensor
+    if found is not None:
+        return found
     if dtype.kind in ("U", "S", "O"):
-        return DType.STRING
-    for member, np_dtype in _NUMPY.items():
-        if member is not DType.STRING and np_dtype == dtype.newbyteorder("<"):
-            return member
-    raise ValueError(f"NumPy dtype {dtype} has no tensord DataType")
+        found = DType.STRING
+    else:
+        little = dtype.newbyteorder("<")
+        found = next((m for m, d in _NUMPY.items() if m is not DType.STRING and d == little), None)
+        if found is None:
+            raise ValueError(f"NumPy dtype {dtype} has no tensord DataType")
+    _FROM_NUMPY[dtype] = found
+    return found
 
 
 def parse(name: str) -> DType:

@@ -123,19 +123,26 @@ class DynamicBatcher:
         self._queue.append(pending)
         self._arrival.set()
         self._ensure_loop()
+        loop = asyncio.get_running_loop()
+        timer = None if deadline is None else loop.call_at(deadline, self._expire, pending)
         try:
-            if deadline is None:
-                return await pending.future
-            return await asyncio.wait_for(asyncio.shield(pending.future), max(deadline - now, 0.0))
-        except TimeoutError:
-            self.stats.expired += 1
-            raise DeadlineExceededError(
-                f"the deadline passed after {(time.monotonic() - now) * 1e3:.1f} ms while the "
-                "request was queued or running"
-            ) from None
+            return await pending.future
         finally:
             # A request that is still queued is skipped when the next batch forms.
             pending.future.cancel()
+            if timer is not None:
+                timer.cancel()
+
+    def _expire(self, pending: Pending) -> None:
+        if pending.future.done():
+            return
+        self.stats.expired += 1
+        waited = (time.monotonic() - pending.arrived) * 1e3
+        pending.future.set_exception(
+            DeadlineExceededError(
+                f"the deadline passed after {waited:.1f} ms while the request was queued or running"
+            )
+        )
 
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():

@@ -61,26 +61,51 @@ class LaneExecutor:
     ) -> RunResult:
         """Queue one run; `deadline` is a time.monotonic() value or None."""
         submitted = time.monotonic()
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[RunResult] = loop.create_future()
         with self._lock:
             self._queued += 1
         cfuture = self._pool.submit(self._run, parts, output_names, deadline, submitted)
-        cfuture.add_done_callback(self._dequeued_if_cancelled)
-        future = asyncio.wrap_future(cfuture)
-        if deadline is None:
-            return await future
+        cfuture.add_done_callback(lambda done: self._finished(loop, result, done))
+        # A bare timer rather than wait_for: one heap entry, no extra task or future.
+        timer = None
+        if deadline is not None:
+            timer = loop.call_at(deadline, self._expire, result, cfuture, submitted)
         try:
-            # On timeout wait_for cancels the future, which drops it if it has not started.
-            return await asyncio.wait_for(future, timeout=max(deadline - time.monotonic(), 0.0))
-        except TimeoutError:
-            waited = (time.monotonic() - submitted) * 1e3
-            raise DeadlineExceededError(
-                f"the deadline passed after {waited:.1f} ms while the request was queued or running"
-            ) from None
+            return await result
+        except asyncio.CancelledError:
+            cfuture.cancel()  # a run that has not started never will
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
-    def _dequeued_if_cancelled(self, cfuture: Future[RunResult]) -> None:
-        if cfuture.cancelled():
+    def _finished(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        result: asyncio.Future[RunResult],
+        done: Future[RunResult],
+    ) -> None:
+        """On the lane thread (or wherever the future was cancelled): settle on the loop."""
+        if done.cancelled():
             with self._lock:
                 self._queued -= 1
+            return
+        loop.call_soon_threadsafe(_settle, result, done)
+
+    @staticmethod
+    def _expire(
+        result: asyncio.Future[RunResult], cfuture: Future[RunResult], submitted: float
+    ) -> None:
+        if result.done():
+            return
+        cfuture.cancel()
+        waited = (time.monotonic() - submitted) * 1e3
+        result.set_exception(
+            DeadlineExceededError(
+                f"the deadline passed after {waited:.1f} ms while the request was queued or running"
+            )
+        )
 
     def _run(
         self,
@@ -129,3 +154,14 @@ class LaneExecutor:
 
     def _stop_lanes(self, wait: bool) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def _settle(result: asyncio.Future[RunResult], done: Future[RunResult]) -> None:
+    """Copy a finished lane run into the awaited future, unless it was already answered."""
+    if result.done():
+        return
+    error = done.exception()
+    if error is not None:
+        result.set_exception(error)
+    else:
+        result.set_result(done.result())

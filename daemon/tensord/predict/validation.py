@@ -8,6 +8,7 @@ import numpy as np
 
 from tensord.backends.base import TensorSpec
 from tensord.codec import dtype_name
+from tensord.dtypes import from_numpy
 from tensord.errors import InvalidArgumentError
 
 
@@ -43,8 +44,6 @@ def check_inputs(
 
 
 def _check_one(spec: TensorSpec, array: np.ndarray) -> None:
-    from tensord.dtypes import from_numpy
-
     got = from_numpy(array.dtype)
     if got is not spec.dtype:
         raise InvalidArgumentError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -30,17 +31,18 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         call = converters.predict_call(request, context.time_remaining())
         result = await self._dataplane.predict(call)
         total_us = int((time.perf_counter() - start) * 1e6)
-        log.debug(
-            "request.finished",
-            request_id=rid,
-            rpc="Predict",
-            model=result.model,
-            version=result.version,
-            status="OK",
-            queue_us=int(result.queue_s * 1e6),
-            compute_us=int(result.compute_s * 1e6),
-            total_us=total_us,
-        )
+        if log.is_enabled_for(logging.DEBUG):  # skip building the fields at info
+            log.debug(
+                "request.finished",
+                request_id=rid,
+                rpc="Predict",
+                model=result.model,
+                version=result.version,
+                status="OK",
+                queue_us=int(result.queue_s * 1e6),
+                compute_us=int(result.compute_s * 1e6),
+                total_us=total_us,
+            )
         return converters.predict_response(result, request.output_encoding, total_us)
 
     @stream_rpc
