@@ -145,7 +145,8 @@ def render(results: dict[str, Any]) -> str:
         f"Payload: request {results['payload']['request_bytes']} B, reply "
         f"{results['payload']['reply_bytes_echo']} B (echo) / "
         f"{results['payload']['reply_bytes_tensord']} B (tensord). "
-        "limit = 1 / (1/echo + 1/ORT batch 1)",
+        "limit = 1 / (1/echo + 1/ORT "
+        + ("batch 32 samples/s): batching on" if s.get("batching") else "batch 1)"),
         "",
         *sweep_lines(results["points"]),
         "",
