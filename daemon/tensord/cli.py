@@ -46,6 +46,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _config_from(args)
     configure_logging(config.server.log_format, config.server.log_level)
+    sys.setswitchinterval(config.server.switch_interval_us / 1e6)
     try:
         asyncio.run(_serve(TensordServer, config))
     except (OSError, ModelLoadError) as exc:

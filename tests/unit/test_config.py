@@ -42,7 +42,7 @@ def test_every_setting_has_an_env_variable() -> None:
     assert (
         env_keys()["TENSORD_SERVER_MAX_RECEIVE_MESSAGE_BYTES"] == "server.max_receive_message_bytes"
     )
-    assert len(env_keys()) == 9
+    assert len(env_keys()) == 10
 
 
 def test_errors_name_the_field(tmp_path: Path) -> None:
