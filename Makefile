@@ -11,7 +11,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 DEMO_REPO ?= build/demo-models
 ARGS ?=
 
-.PHONY: setup setup-gpu proto demo serve test bench lint npm-deps clean help
+.PHONY: setup setup-gpu proto demo serve test bench bench-gpu lint npm-deps clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
@@ -19,7 +19,8 @@ help:
 	@echo "make setup      virtualenv with the CPU dependency set (onnxruntime)"
 	@echo "make setup-gpu  virtualenv with the GPU dependency set (onnxruntime-gpu)"
 	@echo "make proto      regenerate the Python stubs from protos/"
-	@echo "make bench      run the benchmarks (writes benchmarks/results/)"
+	@echo "make bench      run the Predict benchmark (writes benchmarks/results/)"
+	@echo "make bench-gpu  run the CUDA executor benchmark (needs a GPU)"
 	@echo "make lint       ruff and mypy"
 
 $(PY):
@@ -74,6 +75,9 @@ test: $(SETUP_STAMP) npm-deps
 
 bench: $(SETUP_STAMP) demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)
+
+bench-gpu: $(SETUP_STAMP)
+	$(PY) benchmarks/gpu_bench.py $(ARGS)
 
 lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check daemon clients/python tests benchmarks
