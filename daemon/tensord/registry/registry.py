@@ -52,7 +52,6 @@ class ModelVersion:
     load_time_s: float = 0.0
     executor: Executor | None = None
     batcher: DynamicBatcher | None = None
-    backend: Backend | None = None
 
 
 BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
@@ -148,7 +147,7 @@ class ModelRegistry:
         except BaseException:
             executor.close()  # the executor owns its backend sessions
             raise
-        entry.backend, entry.executor, entry.placement = backend, executor, backend.placement
+        entry.executor, entry.placement = executor, backend.placement
 
     @staticmethod
     def _log_loaded(entry: ModelVersion) -> None:

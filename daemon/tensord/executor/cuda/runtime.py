@@ -60,8 +60,3 @@ def check(result: Any, call: str) -> Any:
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else rest
-
-
-def pointer(handle: Any) -> int:
-    """The integer address behind a cuda-python handle or pointer value."""
-    return int(handle)
