@@ -47,6 +47,22 @@ class DeadlineExceededError(TensordError):
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
+    @classmethod
+    def in_queue(cls, waited_s: float) -> DeadlineExceededError:
+        """The deadline passed before the request started: it never ran."""
+        return cls(
+            f"the deadline passed after {waited_s * 1e3:.1f} ms in the queue; "
+            "the request did not run"
+        )
+
+    @classmethod
+    def queued_or_running(cls, waited_s: float) -> DeadlineExceededError:
+        """The deadline passed while the request waited or ran; its answer was dropped."""
+        return cls(
+            f"the deadline passed after {waited_s * 1e3:.1f} ms while the request was "
+            "queued or running"
+        )
+
 
 class FailedPreconditionError(TensordError):
     """An RPC the model cannot do, such as Generate on a model that is not a generator."""

@@ -137,11 +137,8 @@ class DynamicBatcher:
         if pending.future.done():
             return
         self.stats.expired += 1
-        waited = (time.monotonic() - pending.arrived) * 1e3
         pending.future.set_exception(
-            DeadlineExceededError(
-                f"the deadline passed after {waited:.1f} ms while the request was queued or running"
-            )
+            DeadlineExceededError.queued_or_running(time.monotonic() - pending.arrived)
         )
 
     def _ensure_loop(self) -> None:
@@ -196,12 +193,7 @@ class DynamicBatcher:
                 continue
             if pending.deadline is not None and now >= pending.deadline:
                 self.stats.expired += 1
-                pending.future.set_exception(
-                    DeadlineExceededError(
-                        f"the deadline passed after {(now - pending.arrived) * 1e3:.1f} ms in the "
-                        "queue; the request did not run"
-                    )
-                )
+                pending.future.set_exception(DeadlineExceededError.in_queue(now - pending.arrived))
                 continue
             live.append(pending)
         self._queue = live

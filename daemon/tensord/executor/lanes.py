@@ -100,12 +100,7 @@ class LaneExecutor:
         if result.done():
             return
         cfuture.cancel()
-        waited = (time.monotonic() - submitted) * 1e3
-        result.set_exception(
-            DeadlineExceededError(
-                f"the deadline passed after {waited:.1f} ms while the request was queued or running"
-            )
-        )
+        result.set_exception(DeadlineExceededError.queued_or_running(time.monotonic() - submitted))
 
     def _run(
         self,
@@ -120,10 +115,7 @@ class LaneExecutor:
         with self._lock:
             self._queued -= 1
             if deadline is not None and start >= deadline:
-                raise DeadlineExceededError(
-                    f"the deadline passed after {(start - submitted) * 1e3:.1f} ms in the queue; "
-                    "the request did not run"
-                )
+                raise DeadlineExceededError.in_queue(start - submitted)
             lane.runs += 1
             self._running += 1
         try:
