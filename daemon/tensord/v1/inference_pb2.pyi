@@ -325,7 +325,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "state", "reason", "backend", "provider", "provider_reason", "requested_providers", "executor", "inputs", "outputs", "max_batch_size", "load_time_ms", "kind", "instance_count", "dynamic_batching", "executor_status")
+    __slots__ = ("name", "version", "state", "reason", "backend", "provider", "provider_reason", "requested_providers", "executor", "inputs", "outputs", "max_batch_size", "load_time_ms", "kind", "instance_count", "dynamic_batching", "executor_status", "generator")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +343,7 @@ class ModelInfo(_message.Message):
     INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
     DYNAMIC_BATCHING_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_STATUS_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     state: ModelState
@@ -360,7 +361,56 @@ class ModelInfo(_message.Message):
     instance_count: int
     dynamic_batching: DynamicBatching
     executor_status: ExecutorStatus
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ..., instance_count: _Optional[int] = ..., dynamic_batching: _Optional[_Union[DynamicBatching, _Mapping]] = ..., executor_status: _Optional[_Union[ExecutorStatus, _Mapping]] = ...) -> None: ...
+    generator: GeneratorStatus
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ..., instance_count: _Optional[int] = ..., dynamic_batching: _Optional[_Union[DynamicBatching, _Mapping]] = ..., executor_status: _Optional[_Union[ExecutorStatus, _Mapping]] = ..., generator: _Optional[_Union[GeneratorStatus, _Mapping]] = ...) -> None: ...
+
+class GeneratorStatus(_message.Message):
+    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_queue_size", "running", "waiting", "kv_cache", "steps", "generated_tokens", "prefix_hit_tokens", "preemptions", "eos_token_ids")
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_queue_size: int
+    running: int
+    waiting: int
+    kv_cache: KvCacheStatus
+    steps: int
+    generated_tokens: int
+    prefix_hit_tokens: int
+    preemptions: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache: _Optional[_Union[KvCacheStatus, _Mapping]] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class KvCacheStatus(_message.Message):
+    __slots__ = ("block_size", "total_blocks", "used_blocks", "free_blocks", "cached_blocks", "utilization", "block_bytes", "total_bytes")
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    block_size: int
+    total_blocks: int
+    used_blocks: int
+    free_blocks: int
+    cached_blocks: int
+    utilization: float
+    block_bytes: int
+    total_bytes: int
+    def __init__(self, block_size: _Optional[int] = ..., total_blocks: _Optional[int] = ..., used_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., utilization: _Optional[float] = ..., block_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class DynamicBatching(_message.Message):
     __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds", "max_queue_size", "default_timeout_microseconds", "batches", "requests", "rows", "expired", "rejected", "queue_depth")

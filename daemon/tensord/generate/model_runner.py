@@ -1,0 +1,161 @@
+"""One engine step on the model: gather the past from the KV pool, run, scatter, logits.
+
+Prefill chunks (several tokens per sequence, ragged) run as one batch over a past gathered
+from the pool. Decode steps keep a persistent batched view: while the same sequences decode
+in the same order, the model's `present` outputs are the next step's past as they are
+(ONNX Runtime has already copied past + new into them), and only the new token's keys and
+values are written to the pool. Any change of membership rebuilds the view from the pool.
+Padding slots (right-padded past, holes left by sequences of different lengths) carry
+attention_mask 0, and position_ids are each sequence's real positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tensord.generate.kv_storage import KVStorage
+
+# Rebuild the decode view when padding holes make it this much longer than needed.
+_HOLES_SLACK = 64
+
+
+@dataclass(slots=True)
+class StepItem:
+    """One sequence's part of a step."""
+
+    request_id: str
+    token_ids: Sequence[int]
+    """Tokens fed this step (a prompt chunk, or the last sampled token)."""
+    start: int
+    """Tokens of this sequence already in the KV cache (the first fed token's position)."""
+    block_table: Sequence[int]
+    """Its blocks, covering start + len(token_ids) positions."""
+    wants_logits: bool = True
+    """False for a prefill chunk that does not reach the end of the prompt."""
+
+
+@dataclass(slots=True)
+class _DecodeView:
+    """The persistent past of the decoding batch."""
+
+    request_ids: list[str]
+    lengths: list[int]
+    """Real tokens per sequence (the next position)."""
+    mask: np.ndarray
+    """[B, width] int64: 1 where the view holds a real token."""
+    past: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def width(self) -> int:
+        return int(self.mask.shape[1])
+
+
+class ModelRunner:
+    """Runs steps of one Optimum-layout decoder session over a KVStorage."""
+
+    def __init__(
+        self,
+        session: object,
+        storage: KVStorage,
+        num_layers: int,
+        has_position_ids: bool,
+        pad_token_id: int = 0,
+    ) -> None:
+        self._session = session
+        self._storage = storage
+        self._layers = num_layers
+        self._has_positions = has_position_ids
+        self._pad = pad_token_id
+        self._present_names = [
+            name for i in range(num_layers) for name in (f"present.{i}.key", f"present.{i}.value")
+        ]
+        self._view: _DecodeView | None = None
+
+    def execute(self, items: Sequence[StepItem]) -> dict[str, np.ndarray]:
+        """Run the step's items; the last-position logits [V] of each item that wants them."""
+        decodes = [i for i in items if len(i.token_ids) == 1 and i.start > 0]
+        prefills = [i for i in items if not (len(i.token_ids) == 1 and i.start > 0)]
+        logits: dict[str, np.ndarray] = {}
+        if prefills:
+            logits.update(self._prefill(prefills))
+        if decodes:
+            logits.update(self._decode(decodes))
+        else:
+            self._view = None
+        return logits
+
+    def reset(self) -> None:
+        """Forget the decode view (after preemption, aborts or errors)."""
+        self._view = None
+
+    def _run(
+        self,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+        past: Sequence[tuple[np.ndarray, np.ndarray]],
+    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        feeds: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": mask}
+        if self._has_positions:
+            feeds["position_ids"] = positions
+        for i, (k, v) in enumerate(past):
+            feeds[f"past_key_values.{i}.key"] = k
+            feeds[f"past_key_values.{i}.value"] = v
+        out = self._session.run(["logits", *self._present_names], feeds)  # type: ignore[attr-defined]
+        present = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(self._layers)]
+        return out[0], present
+
+    def _prefill(self, items: Sequence[StepItem]) -> dict[str, np.ndarray]:
+        b = len(items)
+        width = max(i.start for i in items)
+        t_max = max(len(i.token_ids) for i in items)
+        ids = np.full((b, t_max), self._pad, np.int64)
+        mask = np.zeros((b, width + t_max), np.int64)
+        positions = np.zeros((b, t_max), np.int64)
+        for row, item in enumerate(items):
+            n = len(item.token_ids)
+            ids[row, :n] = item.token_ids
+            mask[row, : item.start] = 1
+            mask[row, width : width + n] = 1
+            positions[row] = item.start + np.minimum(np.arange(t_max), n - 1)
+        tables = [i.block_table for i in items]
+        past = self._storage.gather(tables, [i.start for i in items], width)
+        logits, present = self._run(ids, mask, positions, past)
+        counts = [len(i.token_ids) for i in items]
+        self._storage.scatter(tables, [i.start for i in items], counts, present, width)
+        return {
+            item.request_id: logits[row, counts[row] - 1]
+            for row, item in enumerate(items)
+            if item.wants_logits
+        }
+
+    def _decode(self, items: Sequence[StepItem]) -> dict[str, np.ndarray]:
+        view = self._view
+        ids_now = [i.request_id for i in items]
+        lengths = [i.start for i in items]
+        if (
+            view is None
+            or view.request_ids != ids_now
+            or view.lengths != lengths
+            or view.width > max(lengths) + _HOLES_SLACK
+        ):
+            view = self._rebuild(items)
+        b = len(items)
+        ids = np.array([[i.token_ids[0]] for i in items], np.int64)
+        mask = np.concatenate([view.mask, np.ones((b, 1), np.int64)], axis=1)
+        positions = np.array([[n] for n in lengths], np.int64)
+        logits, present = self._run(ids, mask, positions, view.past)
+        tables = [i.block_table for i in items]
+        self._storage.scatter(tables, lengths, [1] * b, present, view.width)
+        self._view = _DecodeView(ids_now, [n + 1 for n in lengths], mask, present)
+        return {item.request_id: logits[row, 0] for row, item in enumerate(items)}
+
+    def _rebuild(self, items: Sequence[StepItem]) -> _DecodeView:
+        lengths = [i.start for i in items]
+        width = max(lengths)
+        past = self._storage.gather([i.block_table for i in items], lengths, width)
+        mask = (np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+        return _DecodeView([i.request_id for i in items], lengths, mask, past)
