@@ -61,8 +61,8 @@ clients/node/node_modules/.installed: clients/node/package.json clients/node/pac
 
 npm-deps: protos/node_modules/.installed clients/node/node_modules/.installed
 
-$(DEMO_REPO)/.built: $(SETUP_STAMP) daemon/tensord/demo.py
-	$(VENV)/bin/tensord demo-repo $(DEMO_REPO)
+$(DEMO_REPO)/.built: $(SETUP_STAMP) daemon/tensord/demo.py $(wildcard daemon/tensord/generate/demo_*.py)
+	$(VENV)/bin/tensord demo-repo --force $(DEMO_REPO)
 	touch $@
 
 demo: $(DEMO_REPO)/.built
