@@ -155,7 +155,8 @@ BROKEN: list[tuple[str, Callable[[Path], None], str]] = [
     (
         "no tokenizer",
         lambda d: (d / "tokenizer.json").unlink(),
-        r"a generator directory needs tokenizer.json",
+        r"a generator directory holds model.onnx, config.json and tokenizer.json; "
+        r"tokenizer.json is missing",
     ),
     (
         "config not json",
@@ -175,7 +176,8 @@ BROKEN: list[tuple[str, Callable[[Path], None], str]] = [
     (
         "kv heads disagree",
         lambda d: _edit_json(d / "config.json", lambda c: c.update(num_key_value_heads=4)),
-        r"config.json: num_key_value_heads is 4, but .*model.onnx has 2",
+        r"config.json: num_key_value_heads is 4, but the past_key_values inputs of .*model.onnx "
+        r"have KV heads 2",
     ),
     (
         "layers disagree",

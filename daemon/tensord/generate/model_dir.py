@@ -138,14 +138,11 @@ def _load_tokenizer(path: Path) -> Tokenizer:
         raise ModelLoadError(f"{path}: the tokenizers library cannot read it: {exc}") from None
 
 
-def _agree(
-    config: JsonFile, field: str, from_config: int, from_graph: int | None, graph: Path
-) -> int:
-    if from_graph is not None and from_graph != from_config:
-        raise ModelLoadError(
-            f"{config.path}: {field} is {from_config}, but {graph} has {from_graph}"
-        )
-    return from_config
+def _agree(config: JsonFile, field: str, value: int, in_graph: int | None, where: str) -> int:
+    """config.json's value, which must equal the graph's where the export fixed it."""
+    if in_graph is not None and in_graph != value:
+        raise ModelLoadError(f"{config.path}: {field} is {value}, but {where} {in_graph}")
+    return value
 
 
 def _shape(config: JsonFile, graph: DecoderGraph, model_path: Path) -> dict[str, int]:
@@ -175,10 +172,24 @@ def _shape(config: JsonFile, graph: DecoderGraph, model_path: Path) -> dict[str,
     return {
         "num_layers": graph.num_layers,
         "num_attention_heads": heads,
-        "num_kv_heads": _agree(config, "num_key_value_heads", kv_heads, graph.kv_heads, model_path),
-        "head_dim": _agree(config, "head_dim", head_dim, graph.head_dim, model_path),
+        "num_kv_heads": _agree(
+            config,
+            "num_key_value_heads",
+            kv_heads,
+            graph.kv_heads,
+            f"the past_key_values inputs of {model_path} have KV heads",
+        ),
+        "head_dim": _agree(
+            config,
+            "head_dim",
+            head_dim,
+            graph.head_dim,
+            f"the past_key_values inputs of {model_path} have head size",
+        ),
         "hidden_size": hidden if hidden is not None else heads * head_dim,
-        "vocab_size": _agree(config, "vocab_size", vocab, graph.vocab_size, model_path),
+        "vocab_size": _agree(
+            config, "vocab_size", vocab, graph.vocab_size, f"the logits of {model_path} have size"
+        ),
         "context_length": config.require_int(_CONTEXT),
     }
 
@@ -195,8 +206,8 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
     missing = [n for n in needed if not (directory / n).is_file()]
     if missing:
         raise ModelLoadError(
-            f"{directory}: a generator directory needs {', '.join(missing)} "
-            f"(beside {model_file}, config.json and tokenizer.json)"
+            f"{directory}: a generator directory holds {model_file}, config.json and "
+            f"tokenizer.json; {', '.join(missing)} is missing"
         )
     model_path = directory / model_file
     graph = read_decoder_graph(model_path)
