@@ -41,6 +41,12 @@ $(VENV)/.setup-gpu: pyproject.toml | $(PY)
 # Keep whichever set is installed; a fresh environment gets the CPU set.
 SETUP_STAMP := $(if $(wildcard $(VENV)/.setup-gpu),$(VENV)/.setup-gpu,$(VENV)/.setup-cpu)
 
+# The tests also export Hugging Face models (the export extra: torch CPU, transformers,
+# optimum-onnx); serving does not need them.
+$(VENV)/.setup-export: pyproject.toml $(SETUP_STAMP)
+	$(PIP) install -e ".[export]"
+	touch $@
+
 setup: $(VENV)/.setup-cpu
 setup-gpu: $(VENV)/.setup-gpu
 
@@ -61,8 +67,8 @@ clients/node/node_modules/.installed: clients/node/package.json clients/node/pac
 
 npm-deps: protos/node_modules/.installed clients/node/node_modules/.installed
 
-$(DEMO_REPO)/.built: $(SETUP_STAMP) daemon/tensord/demo.py
-	$(VENV)/bin/tensord demo-repo $(DEMO_REPO)
+$(DEMO_REPO)/.built: $(SETUP_STAMP) daemon/tensord/demo.py $(wildcard daemon/tensord/generate/demo_*.py)
+	$(VENV)/bin/tensord demo-repo --force $(DEMO_REPO)
 	touch $@
 
 demo: $(DEMO_REPO)/.built
@@ -70,7 +76,7 @@ demo: $(DEMO_REPO)/.built
 serve: $(SETUP_STAMP) demo
 	$(VENV)/bin/tensord serve --model-repository $(DEMO_REPO) $(ARGS)
 
-test: $(SETUP_STAMP) npm-deps
+test: $(SETUP_STAMP) $(VENV)/.setup-export npm-deps
 	$(PY) -m pytest $(ARGS)
 
 bench: $(SETUP_STAMP) demo

@@ -104,7 +104,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_demo_repo(args: argparse.Namespace) -> int:
-    """Build the demo model repository (mlp, cnn) locally."""
+    """Build the demo model repository (mlp, cnn, tinylm) locally."""
     from tensord.demo import build_demo_repository
 
     written = build_demo_repository(args.path, force=args.force)

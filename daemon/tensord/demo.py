@@ -3,6 +3,8 @@
 mlp   input  float32 [-1, 512] -> 1024 -> 1024 -> 1024 (Gemm+Relu) -> Gemm -> output [-1, 10]
 cnn   image  uint8 [-1, 3, 32, 32] (NCHW) -> /255 -> conv-relu-pool x2 -> Gemm -> softmax
       -> probabilities float32 [-1, 10]
+tinylm  a Llama-style decoder that streams tokens (tensord.generate.demo_model), in Hugging
+      Face Optimum's layout and with no model.toml: served as it is
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from tensord.generate.demo_model import DEMO_GENERATOR, build_demo_generator
 
 OPSET = 17
 IR_VERSION = 9  # read by every ONNX Runtime release tensord supports
@@ -110,7 +114,8 @@ _MODEL_TOML = {
 
 
 def build_demo_repository(root: Path, *, force: bool = False) -> list[Path]:
-    """Write mlp/ and cnn/ (version 1 each) under `root`; skip files that exist unless forced."""
+    """Write mlp/, cnn/ (version 1 each) and tinylm/ under `root`; skip models that exist
+    unless forced."""
     written = []
     for name, build in (("mlp", build_mlp), ("cnn", build_cnn)):
         model_dir = root / name
@@ -123,4 +128,8 @@ def build_demo_repository(root: Path, *, force: bool = False) -> list[Path]:
             f"# Demo model built by `tensord demo-repo`.\n{_MODEL_TOML[name]}"
         )
         written.append(path)
+    generator = root / DEMO_GENERATOR
+    if force or not (generator / "model.onnx").exists():
+        build_demo_generator(generator)
+        written.append(generator / "model.onnx")
     return written

@@ -19,8 +19,11 @@ from tensord import dtypes
 from tensord.backends.providers import normalise_provider
 from tensord.config import format_validation_error
 from tensord.errors import ModelLoadError
+from tensord.registry.generator_config import GeneratorConfig
 
 MODEL_TOML = "model.toml"
+
+ModelKind = Literal["predict", "generator"]
 
 
 class TensorOverride(BaseModel):
@@ -111,6 +114,12 @@ class ModelConfig(BaseModel):
 
     name: str | None = None
     """The served name; defaults to the directory name."""
+    kind: ModelKind | None = None
+    """"predict" (tensors in, tensors out) or "generator" (a decoder that streams tokens);
+    unset: detected, "generator" when model.onnx has config.json and tokenizer.json beside
+    it (Hugging Face Optimum's layout) or a [generator] table is present."""
+    generator: GeneratorConfig | None = None
+    """The generation engine's limits (kind "generator"); the scan fills in the defaults."""
     backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     """`onnxruntime` (any provider), or `tensorrt`: a native engine built from the ONNX file."""
     model_file: str = "model.onnx"
@@ -148,6 +157,19 @@ class ModelConfig(BaseModel):
     """Overrides for inputs."""
     outputs: list[TensorOverride] = Field(default_factory=list)
     """Overrides for outputs."""
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> ModelConfig:
+        if self.kind == "predict" and self.generator is not None:
+            raise ValueError('a [generator] table needs kind = "generator"')
+        if self.dynamic_batching is not None and (
+            self.kind == "generator" or self.generator is not None
+        ):
+            raise ValueError(
+                "[dynamic_batching] is for predict models; a generator batches continuously "
+                "(see [generator])"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_batching(self) -> ModelConfig:

@@ -6,6 +6,10 @@ repository/
     1/model.onnx        version 1
     2/model.onnx        version 2
   tiny/model.onnx       no version directories: served as version 1
+  tinylm/               a generator, recognised with no model.toml: model.onnx with
+    model.onnx          config.json and tokenizer.json beside it (Hugging Face Optimum's
+    config.json         text-generation-with-past layout), at the top or in each
+    tokenizer.json      numbered version directory
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tensord.errors import ModelLoadError
-from tensord.registry.model_config import ModelConfig, read_model_config
+from tensord.registry.generator_config import GeneratorConfig
+from tensord.registry.model_config import ModelConfig, ModelKind, read_model_config
+
+# Beside the model file, these make a directory a generator (tensord.generate.model_dir).
+GENERATOR_MARKERS = ("config.json", "tokenizer.json")
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,6 +34,16 @@ class VersionSource:
     path: Path
     config: ModelConfig
     error: str = ""
+
+    @property
+    def kind(self) -> ModelKind:
+        """ "generator" or "predict"; the scan resolves a detected kind into the config."""
+        return self.config.kind or "predict"
+
+    @property
+    def directory(self) -> Path:
+        """The version's directory (a generator's files sit beside its model file)."""
+        return self.path.parent
 
 
 def scan_repository(root: Path) -> list[VersionSource]:
@@ -51,6 +69,7 @@ def _scan_model(model_dir: Path) -> list[VersionSource]:
     on_disk = {int(p.name): p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()}
     if not on_disk and (model_dir / config.model_file).exists():
         on_disk = {1: model_dir}
+    config = _resolve_kind(config, on_disk)
     wanted = config.versions or sorted(on_disk)
     if not wanted:
         reason = (
@@ -70,5 +89,34 @@ def _scan_model(model_dir: Path) -> list[VersionSource]:
             continue
         path = directory / config.model_file
         error = "" if path.is_file() else f"{path} does not exist"
+        if not error and config.kind == "generator":
+            error = _generator_problem(directory, config.model_file)
         sources.append(VersionSource(name, version, path, config, error))
     return sources
+
+
+def _holds_generator(directory: Path, model_file: str) -> bool:
+    return all((directory / n).is_file() for n in (model_file, *GENERATOR_MARKERS))
+
+
+def _resolve_kind(config: ModelConfig, on_disk: dict[int, Path]) -> ModelConfig:
+    """The config with its kind decided and, for a generator, its [generator] defaults."""
+    kind = config.kind
+    if kind is None:
+        detected = any(_holds_generator(d, config.model_file) for d in on_disk.values())
+        kind = "generator" if detected or config.generator is not None else "predict"
+    if kind == "predict":
+        return config.model_copy(update={"kind": kind})
+    return config.model_copy(
+        update={"kind": kind, "generator": config.generator or GeneratorConfig()}
+    )
+
+
+def _generator_problem(directory: Path, model_file: str) -> str:
+    missing = [n for n in GENERATOR_MARKERS if not (directory / n).is_file()]
+    if not missing:
+        return ""
+    return (
+        f"{directory}: a generator needs {' and '.join(GENERATOR_MARKERS)} beside "
+        f"{model_file}; {', '.join(missing)} is missing"
+    )

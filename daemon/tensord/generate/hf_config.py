@@ -1,0 +1,223 @@
+"""Hugging Face's JSON files beside a model: typed reads with errors naming file and field.
+
+Token ids follow the Hugging Face conventions:
+  eos  generation_config.json's eos_token_id (an int or a list), else config.json's, else
+       tokenizer_config.json's eos_token looked up in the tokenizer;
+  bos  tokenizer_config.json's bos_token (text, looked up) when present, else config.json's
+       bos_token_id, else generation_config.json's; a text prompt starts with it when
+       tokenizer_config.json says add_bos_token, or, without that key, when
+       tokenizer.json's post-processor puts it first;
+  pad  generation_config.json, else config.json, else tokenizer_config.json's pad_token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from tensord.errors import ModelLoadError
+
+
+@dataclass(slots=True, frozen=True)
+class JsonFile:
+    """One JSON object from disk (empty when the optional file is absent)."""
+
+    path: Path | None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path | None, *, required: bool = False) -> JsonFile:
+        if path is None or (not required and not path.is_file()):
+            return cls(None)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ModelLoadError(f"{path} does not exist") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"{path}: not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
+        return cls(path, data)
+
+    def _first(self, names: Sequence[str]) -> tuple[str, Any]:
+        for name in names:
+            if self.data.get(name) is not None:
+                return name, self.data[name]
+        return names[0], None
+
+    def int_or_none(self, names: Sequence[str], *, minimum: int = 1) -> int | None:
+        """The first of `names` that is set, as an int >= minimum; None when none is set."""
+        name, value = self._first(names)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ModelLoadError(
+                f"{self.path}: {name} must be an integer >= {minimum}, got {value!r}"
+            )
+        return value
+
+    def require_int(self, names: Sequence[str]) -> int:
+        """Like int_or_none, but one of `names` must be set."""
+        value = self.int_or_none(names)
+        if value is None:
+            others = f" (or {', '.join(names[1:])})" if len(names) > 1 else ""
+            raise ModelLoadError(f"{self.path}: {names[0]}{others} is missing")
+        return value
+
+    def float_or_none(self, name: str, low: float, high: float | None = None) -> float | None:
+        """A number in [low, high] (high None: unbounded); None when unset."""
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or value < low
+            or (high is not None and value > high)
+        ):
+            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ModelLoadError(f"{self.path}: {name} must be a number {bound}, got {value!r}")
+        return float(value)
+
+    def bool_or_none(self, name: str) -> bool | None:
+        value = self.data.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ModelLoadError(f"{self.path}: {name} must be true or false, got {value!r}")
+        return value
+
+    def str_or_empty(self, name: str) -> str:
+        value = self.data.get(name)
+        return value if isinstance(value, str) else ""
+
+    def token_ids(self, name: str, vocab_size: int) -> tuple[int, ...] | None:
+        """An id or a list of ids, each below vocab_size; None when unset."""
+        value = self.data.get(name)
+        if value is None:
+            return None
+        values = value if isinstance(value, list) else [value]
+        if any(
+            isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab_size for v in values
+        ):
+            raise ModelLoadError(
+                f"{self.path}: {name} must be a token id or a list of ids in [0, {vocab_size}), "
+                f"got {value!r}"
+            )
+        return tuple(values)
+
+    def token_text(self, name: str) -> str | None:
+        """A special token's text: a string, or an AddedToken object's "content"."""
+        value = self.data.get(name)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ModelLoadError(f"{self.path}: {name} must be a string, got {value!r}")
+        return value
+
+
+@dataclass(slots=True, frozen=True)
+class GenerationDefaults:
+    """generation_config.json's sampling values. A key that is absent has no effect here
+    (top_k 0 and top_p 1.0 disable their filters), unlike transformers' implicit top_k 50."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int | None = None
+    max_length: int | None = None
+    """Prompt plus generated tokens, as transformers counts it."""
+
+
+def read_generation_defaults(generation: JsonFile) -> GenerationDefaults:
+    """Sampling defaults from generation_config.json (all defaults when it is absent)."""
+    base = GenerationDefaults()
+    top_k = generation.int_or_none(("top_k",), minimum=0)
+    temperature = generation.float_or_none("temperature", 0.0)
+    top_p = generation.float_or_none("top_p", 0.0, 1.0)
+    penalty = generation.float_or_none("repetition_penalty", 0.0)
+    if top_p == 0.0 or penalty == 0.0:
+        name = "top_p" if top_p == 0.0 else "repetition_penalty"
+        raise ModelLoadError(f"{generation.path}: {name} must be > 0")
+    do_sample = generation.bool_or_none("do_sample")
+    return GenerationDefaults(
+        do_sample=base.do_sample if do_sample is None else do_sample,
+        temperature=base.temperature if temperature is None else temperature,
+        top_k=base.top_k if top_k is None else top_k,
+        top_p=base.top_p if top_p is None else top_p,
+        repetition_penalty=base.repetition_penalty if penalty is None else penalty,
+        max_new_tokens=generation.int_or_none(("max_new_tokens",)),
+        max_length=generation.int_or_none(("max_length",)),
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class TokenIds:
+    """The special token ids a generator needs."""
+
+    eos: tuple[int, ...]
+    bos: int | None
+    add_bos: bool
+    pad: int | None
+
+
+def _lookup(source: JsonFile, name: str, tokenizer: Tokenizer) -> int | None:
+    text = source.token_text(name)
+    if text is None:
+        return None
+    token_id = tokenizer.token_to_id(text)
+    if token_id is None:
+        raise ModelLoadError(f"{source.path}: {name} {text!r} is not a token of tokenizer.json")
+    return int(token_id)
+
+
+def _single(source: JsonFile, name: str, vocab_size: int) -> int | None:
+    ids = source.token_ids(name, vocab_size)
+    if ids is None or not ids:
+        return None
+    if len(ids) > 1:
+        raise ModelLoadError(f"{source.path}: {name} must be one token id, got {list(ids)}")
+    return ids[0]
+
+
+def token_ids(
+    config: JsonFile,
+    generation: JsonFile,
+    tokenizer_config: JsonFile,
+    tokenizer: Tokenizer,
+    vocab_size: int,
+) -> TokenIds:
+    """eos, bos (and whether prompts start with it) and pad; see the module doc."""
+    eos = generation.token_ids("eos_token_id", vocab_size)
+    if eos is None:
+        eos = config.token_ids("eos_token_id", vocab_size)
+    if eos is None:
+        found = _lookup(tokenizer_config, "eos_token", tokenizer)
+        eos = () if found is None else (found,)
+    bos = _lookup(tokenizer_config, "bos_token", tokenizer)
+    if bos is None:
+        bos = _single(config, "bos_token_id", vocab_size)
+    if bos is None:
+        bos = _single(generation, "bos_token_id", vocab_size)
+    add_bos = tokenizer_config.bool_or_none("add_bos_token")
+    if add_bos is None:
+        prefix = tokenizer.encode("", add_special_tokens=True).ids
+        add_bos = bos is not None and prefix[:1] == [bos]
+    if add_bos and bos is None:
+        raise ModelLoadError(
+            f"{tokenizer_config.path}: add_bos_token is true but no bos_token is set "
+            "(nor bos_token_id in config.json)"
+        )
+    pad = _single(generation, "pad_token_id", vocab_size)
+    if pad is None:
+        pad = _single(config, "pad_token_id", vocab_size)
+    if pad is None:
+        pad = _lookup(tokenizer_config, "pad_token", tokenizer)
+    return TokenIds(eos=tuple(eos), bos=bos, add_bos=add_bos, pad=pad)

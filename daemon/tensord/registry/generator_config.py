@@ -1,0 +1,101 @@
+"""The `[generator]` table of model.toml: the generation engine's limits for one model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tensord.errors import ModelLoadError
+
+DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
+"""The KV pool's size when model.toml sets neither kv_cache_bytes nor num_blocks."""
+
+
+class GeneratorConfig(BaseModel):
+    """Limits of the generation engine. Every key has a default; set at most one of
+    kv_cache_bytes and num_blocks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    block_size: int = Field(default=16, ge=1, le=4096)
+    """Tokens per KV cache block: the unit of allocation and of prefix sharing."""
+    kv_cache_bytes: int | None = Field(default=None, ge=1)
+    """The KV pool's size in bytes (keys and values of every layer); default 512 MiB
+    when num_blocks is not set either."""
+    num_blocks: int | None = Field(default=None, ge=1)
+    """The KV pool's size in blocks, instead of kv_cache_bytes."""
+    max_num_seqs: int = Field(default=64, ge=1)
+    """Sequences that may run (hold KV blocks and decode) at once."""
+    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    """Tokens one engine step may process: prompt tokens of joining sequences plus one per
+    decoding sequence."""
+    max_queue_size: int = Field(default=1024, ge=0)
+    """Requests that may wait to start; beyond it Generate answers RESOURCE_EXHAUSTED.
+    0 means unbounded."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """Longest sequence (prompt + generated tokens); default and upper bound: the model's
+    context length (config.json's max_position_embeddings, n_positions or n_ctx)."""
+    intra_op_threads: int = Field(default=0, ge=0)
+    """Threads one model step may use inside an operator; 0 lets ONNX Runtime use one per
+    core (the engine runs one batched step at a time, so it can use them all)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GeneratorConfig:
+        if self.kv_cache_bytes is not None and self.num_blocks is not None:
+            raise ValueError("set kv_cache_bytes or num_blocks, not both")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}): every running sequence decodes one "
+                "token per step"
+            )
+        return self
+
+    def resolve(self, *, context_length: int, kv_bytes_per_token: int) -> GeneratorLimits:
+        """The limits for one model: max_model_len checked against its context, the pool's
+        block count from its KV bytes per token. Raises ModelLoadError when they cannot work."""
+        max_model_len = self.max_model_len or context_length
+        if max_model_len > context_length:
+            raise ModelLoadError(
+                f"[generator] max_model_len {max_model_len} exceeds the model's context "
+                f"length {context_length}"
+            )
+        block_bytes = kv_bytes_per_token * self.block_size
+        if self.num_blocks is not None:
+            num_blocks = self.num_blocks
+        else:
+            budget = self.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES
+            num_blocks = budget // block_bytes
+        if num_blocks * self.block_size < max_model_len:
+            raise ModelLoadError(
+                f"[generator] the KV pool ({num_blocks} blocks of {self.block_size} tokens, "
+                f"{block_bytes} bytes each) cannot hold one sequence of max_model_len "
+                f"{max_model_len} tokens; raise kv_cache_bytes or num_blocks, or lower "
+                "max_model_len"
+            )
+        return GeneratorLimits(
+            block_size=self.block_size,
+            num_blocks=num_blocks,
+            block_bytes=block_bytes,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_queue_size=self.max_queue_size,
+            max_model_len=max_model_len,
+            intra_op_threads=self.intra_op_threads,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class GeneratorLimits:
+    """GeneratorConfig resolved for one model: every number final."""
+
+    block_size: int
+    num_blocks: int
+    block_bytes: int
+    """KV bytes of one block across all layers, keys and values."""
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_queue_size: int
+    max_model_len: int
+    intra_op_threads: int

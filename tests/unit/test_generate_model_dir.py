@@ -1,0 +1,244 @@
+"""Reading generator directories: the demo's spec, other key spellings, and broken files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tensord.dtypes import DType
+from tensord.errors import ModelLoadError
+from tensord.generate.demo_model import DemoGeneratorOptions, build_demo_generator
+from tensord.generate.hf_config import GenerationDefaults
+from tensord.generate.model_dir import is_generator_dir, load_generator_dir, read_generator_spec
+
+LAYER_NAMES = tuple(f"past_key_values.{i}.{kind}" for i in range(4) for kind in ("key", "value"))
+
+
+@pytest.fixture(scope="module")
+def tinylm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo_generator(tmp_path_factory.mktemp("gen") / "tinylm")
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    """A copy whose model.onnx is a link: the small files can be edited freely."""
+    dst.mkdir(parents=True)
+    for item in src.iterdir():
+        if item.name == "model.onnx":
+            (dst / item.name).symlink_to(item)
+        else:
+            shutil.copy(item, dst / item.name)
+    return dst
+
+
+def _edit_json(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_demo_spec(tinylm: Path) -> None:
+    spec = read_generator_spec(tinylm)
+    assert (spec.model_type, spec.num_layers, spec.num_attention_heads, spec.num_kv_heads) == (
+        "llama",
+        4,
+        4,
+        2,
+    )
+    assert (spec.head_dim, spec.hidden_size, spec.vocab_size, spec.context_length) == (
+        64,
+        256,
+        2048,
+        2048,
+    )
+    assert spec.kv_dtype is DType.FLOAT32
+    assert spec.kv_bytes_per_token == 2 * 4 * 2 * 64 * 4
+    assert spec.input_names == ("input_ids", "attention_mask", "position_ids", *LAYER_NAMES)
+    assert spec.output_names[0] == "logits" and len(spec.output_names) == 9
+    assert spec.past_input_names[3] == ("past_key_values.3.key", "past_key_values.3.value")
+    assert spec.present_output_names[0] == ("present.0.key", "present.0.value")
+    assert spec.has_position_ids
+    assert (spec.eos_token_ids, spec.bos_token_id, spec.add_bos_token, spec.pad_token_id) == (
+        (2,),
+        1,
+        True,
+        0,
+    )
+    assert spec.defaults == GenerationDefaults(max_new_tokens=256)
+    assert spec.external_data_paths == ()
+    assert spec.generation_config_path == tinylm / "generation_config.json"
+    assert is_generator_dir(tinylm)
+
+
+def test_encode_prompt_adds_bos_once(tinylm: Path) -> None:
+    loaded = load_generator_dir(tinylm)
+    ids = loaded.encode_prompt("The quick brown fox")
+    assert ids[0] == 1 and 1 not in ids[1:] and 2 not in ids
+    assert loaded.tokenizer.decode(ids) == "The quick brown fox"
+
+
+def test_external_data(tmp_path: Path) -> None:
+    directory = build_demo_generator(
+        tmp_path / "ext", DemoGeneratorOptions(num_layers=1, external_data=True)
+    )
+    spec = read_generator_spec(directory)
+    assert spec.external_data_paths == ((directory / "model.onnx_data").resolve(),)
+    assert spec.num_layers == 1
+    assert (directory / "model.onnx").stat().st_size < 100_000  # weights live outside
+    (directory / "model.onnx_data").unlink()
+    with pytest.raises(ModelLoadError, match=r"keeps its weights in 'model.onnx_data', but .*"):
+        read_generator_spec(directory)
+
+
+def test_gpt2_style_keys_and_no_tokenizer_config(tinylm: Path, tmp_path: Path) -> None:
+    d = _copy(tinylm, tmp_path / "g")
+    (d / "tokenizer_config.json").unlink()
+    (d / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": [2, 0], "do_sample": True, "temperature": 0.7, "top_k": 40})
+    )
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_layer": 4,
+                "n_head": 4,
+                "n_embd": 256,
+                "n_positions": 1024,
+                "n_ctx": 1024,
+                "vocab_size": 2048,
+                "bos_token_id": 1,
+                "eos_token_id": 1,
+            }
+        )
+    )
+    spec = read_generator_spec(d)
+    # KV heads come from the graph when config.json does not say; head_dim from n_embd/n_head.
+    assert (spec.num_kv_heads, spec.head_dim, spec.context_length) == (2, 64, 1024)
+    assert spec.eos_token_ids == (2, 0)  # generation_config.json wins over config.json
+    # No tokenizer_config.json: tokenizer.json's post-processor adds <s>, so prompts start with it.
+    assert (spec.bos_token_id, spec.add_bos_token, spec.pad_token_id) == (1, True, None)
+    assert spec.defaults == GenerationDefaults(do_sample=True, temperature=0.7, top_k=40)
+
+
+def test_bos_from_tokenizer_config_text(tinylm: Path, tmp_path: Path) -> None:
+    d = _copy(tinylm, tmp_path / "g")
+    _edit_json(
+        d / "tokenizer_config.json",
+        lambda c: c.update(bos_token={"content": "</s>", "lstrip": False}, add_bos_token=False),
+    )
+    loaded = load_generator_dir(d)
+    assert (loaded.spec.bos_token_id, loaded.spec.add_bos_token) == (2, False)
+    assert loaded.encode_prompt("Hello")[0] != 2
+
+
+def _no_past_graph(path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input_ids"], ["logits"])],
+        "nopast",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["b", "s"]),
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.INT64, ["b", "t"])],
+    )
+    path.unlink()
+    onnx.save(helper.make_model(graph), str(path))
+
+
+BROKEN: list[tuple[str, Callable[[Path], None], str]] = [
+    (
+        "no tokenizer",
+        lambda d: (d / "tokenizer.json").unlink(),
+        r"a generator directory holds model.onnx, config.json and tokenizer.json; "
+        r"tokenizer.json is missing",
+    ),
+    (
+        "config not json",
+        lambda d: (d / "config.json").write_text("{nope"),
+        r"config.json: not valid JSON",
+    ),
+    (
+        "config a list",
+        lambda d: (d / "config.json").write_text("[1]"),
+        r"config.json: expected a JSON object, got list",
+    ),
+    (
+        "no heads",
+        lambda d: _edit_json(d / "config.json", lambda c: c.pop("num_attention_heads")),
+        r"config.json: num_attention_heads \(or n_head, num_heads\) is missing",
+    ),
+    (
+        "kv heads disagree",
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(num_key_value_heads=4)),
+        r"config.json: num_key_value_heads is 4, but the past_key_values inputs of .*model.onnx "
+        r"have KV heads 2",
+    ),
+    (
+        "layers disagree",
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(num_hidden_layers=3)),
+        r"config.json: num_hidden_layers is 3, but .*model.onnx has past_key_values for 4 layers",
+    ),
+    (
+        "no context",
+        lambda d: _edit_json(d / "config.json", lambda c: c.pop("max_position_embeddings")),
+        r"config.json: max_position_embeddings \(or n_positions, n_ctx, .*\) is missing",
+    ),
+    (
+        "bad heads type",
+        lambda d: _edit_json(d / "config.json", lambda c: c.update(num_attention_heads="4")),
+        r"config.json: num_attention_heads must be an integer >= 1, got '4'",
+    ),
+    (
+        "eos out of range",
+        lambda d: _edit_json(
+            d / "generation_config.json", lambda c: c.update(eos_token_id=[2, 9999])
+        ),
+        r"generation_config.json: eos_token_id must be a token id or a list of ids in \[0, 2048\)",
+    ),
+    (
+        "top_p too big",
+        lambda d: _edit_json(d / "generation_config.json", lambda c: c.update(top_p=1.5)),
+        r"generation_config.json: top_p must be a number in \[0.0, 1.0\], got 1.5",
+    ),
+    (
+        "do_sample not bool",
+        lambda d: _edit_json(d / "generation_config.json", lambda c: c.update(do_sample="yes")),
+        r"generation_config.json: do_sample must be true or false",
+    ),
+    (
+        "unknown bos",
+        lambda d: _edit_json(d / "tokenizer_config.json", lambda c: c.update(bos_token="<bos>")),
+        r"tokenizer_config.json: bos_token '<bos>' is not a token of tokenizer.json",
+    ),
+    (
+        "tokenizer broken",
+        lambda d: (d / "tokenizer.json").write_text("{}"),
+        r"tokenizer.json: the tokenizers library cannot read it",
+    ),
+    (
+        "model not onnx",
+        lambda d: ((d / "model.onnx").unlink(), (d / "model.onnx").write_bytes(b"garbage")),
+        r"model.onnx: not a readable ONNX model",
+    ),
+    (
+        "exported without past",
+        lambda d: _no_past_graph(d / "model.onnx"),
+        r"model.onnx: the graph has no past_key_values inputs: it was exported without a KV cache",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "breaks", "message"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_directories(
+    tinylm: Path, tmp_path: Path, case: str, breaks: Callable[[Path], None], message: str
+) -> None:
+    d = _copy(tinylm, tmp_path / "g")
+    breaks(d)
+    with pytest.raises(ModelLoadError, match=message):
+        load_generator_dir(d)

@@ -1,0 +1,158 @@
+"""Generators in the model repository: detected with no model.toml, and the [generator] table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tensord.errors import ModelLoadError
+from tensord.registry.generator_config import (
+    DEFAULT_KV_CACHE_BYTES,
+    GeneratorConfig,
+    GeneratorLimits,
+)
+from tensord.registry.repository import VersionSource, scan_repository
+
+GENERATOR_FILES = ("model.onnx", "config.json", "tokenizer.json")
+
+
+def touch(path: Path, text: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def generator(directory: Path) -> None:
+    for name in GENERATOR_FILES:
+        touch(directory / name, "{}")
+
+
+def scan(root: Path) -> dict[tuple[str, int], VersionSource]:
+    return {(s.name, s.version): s for s in scan_repository(root)}
+
+
+def test_detected_without_model_toml(tmp_path: Path) -> None:
+    generator(tmp_path / "flat")
+    generator(tmp_path / "versioned" / "1")
+    generator(tmp_path / "versioned" / "2")
+    touch(tmp_path / "plain" / "1" / "model.onnx")
+    touch(tmp_path / "half" / "model.onnx")  # config.json alone is not a generator
+    touch(tmp_path / "half" / "config.json", "{}")
+    found = scan(tmp_path)
+    assert {k: (s.kind, s.error) for k, s in found.items()} == {
+        ("flat", 1): ("generator", ""),
+        ("versioned", 1): ("generator", ""),
+        ("versioned", 2): ("generator", ""),
+        ("plain", 1): ("predict", ""),
+        ("half", 1): ("predict", ""),
+    }
+    flat = found[("flat", 1)]
+    assert flat.path == tmp_path / "flat" / "model.onnx"
+    assert flat.directory == tmp_path / "flat"
+    assert flat.config.generator == GeneratorConfig()
+    assert found[("versioned", 2)].directory == tmp_path / "versioned" / "2"
+    assert found[("plain", 1)].config.generator is None
+
+
+def test_generator_table_sets_limits(tmp_path: Path) -> None:
+    generator(tmp_path / "lm")
+    touch(
+        tmp_path / "lm" / "model.toml",
+        "[generator]\nblock_size = 32\nnum_blocks = 100\nmax_num_seqs = 8\n"
+        "max_num_batched_tokens = 512\nmax_queue_size = 4\nmax_model_len = 1024\n"
+        "intra_op_threads = 2\n",
+    )
+    (source,) = scan_repository(tmp_path)
+    assert (source.kind, source.error) == ("generator", "")
+    assert source.config.generator == GeneratorConfig(
+        block_size=32,
+        num_blocks=100,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        max_queue_size=4,
+        max_model_len=1024,
+        intra_op_threads=2,
+    )
+
+
+def test_explicit_kinds(tmp_path: Path) -> None:
+    generator(tmp_path / "as_predict")
+    touch(tmp_path / "as_predict" / "model.toml", 'kind = "predict"\n')
+    touch(tmp_path / "incomplete" / "1" / "model.onnx")
+    touch(tmp_path / "incomplete" / "1" / "config.json")
+    touch(tmp_path / "incomplete" / "model.toml", 'kind = "generator"\n')
+    touch(tmp_path / "table_only" / "1" / "model.onnx")
+    touch(tmp_path / "table_only" / "model.toml", "[generator]\nblock_size = 8\n")
+    found = scan(tmp_path)
+    assert found[("as_predict", 1)].kind == "predict"
+    assert found[("as_predict", 1)].error == ""
+    incomplete = found[("incomplete", 1)]
+    assert incomplete.kind == "generator"
+    assert incomplete.error == (
+        f"{tmp_path / 'incomplete' / '1'}: a generator needs config.json and tokenizer.json "
+        "beside model.onnx; tokenizer.json is missing"
+    )
+    # A [generator] table makes the kind "generator", so the missing files are reported.
+    assert "config.json, tokenizer.json is missing" in found[("table_only", 1)].error
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            "[generator]\nkv_cache_bytes = 1000000\nnum_blocks = 10\n",
+            "set kv_cache_bytes or num_blocks, not both",
+        ),
+        (
+            'kind = "predict"\n[generator]\nblock_size = 16\n',
+            'a [generator] table needs kind = "generator"',
+        ),
+        (
+            'kind = "generator"\nmax_batch_size = 8\n[dynamic_batching]\n',
+            "[dynamic_batching] is for predict models",
+        ),
+        (
+            "[generator]\nmax_num_seqs = 64\nmax_num_batched_tokens = 32\n",
+            "max_num_batched_tokens (32) must be at least max_num_seqs (64)",
+        ),
+        ("[generator]\nblock_size = 0\n", "generator.block_size: Input should be greater than"),
+        ("[generator]\nmax_blocks = 3\n", "generator.max_blocks: unknown key"),
+        ('kind = "encoder"\n', "kind: Input should be 'predict' or 'generator'"),
+    ],
+)
+def test_bad_generator_settings(tmp_path: Path, toml: str, message: str) -> None:
+    generator(tmp_path / "lm")
+    touch(tmp_path / "lm" / "model.toml", toml)
+    (source,) = scan_repository(tmp_path)
+    assert message in source.error
+
+
+def test_resolve_defaults() -> None:
+    # The demo generator: 4 layers x 2 KV heads x 64 x float32, keys and values.
+    limits = GeneratorConfig().resolve(context_length=2048, kv_bytes_per_token=4096)
+    assert limits == GeneratorLimits(
+        block_size=16,
+        num_blocks=DEFAULT_KV_CACHE_BYTES // (16 * 4096),
+        block_bytes=16 * 4096,
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        max_queue_size=1024,
+        max_model_len=2048,
+        intra_op_threads=0,
+    )
+    assert limits.num_blocks == 8192
+
+
+def test_resolve_bytes_and_blocks() -> None:
+    by_bytes = GeneratorConfig(kv_cache_bytes=10 * 65536 + 100, max_model_len=160)
+    assert by_bytes.resolve(context_length=2048, kv_bytes_per_token=4096).num_blocks == 10
+    by_blocks = GeneratorConfig(num_blocks=11, block_size=4, max_model_len=44)
+    limits = by_blocks.resolve(context_length=2048, kv_bytes_per_token=100)
+    assert (limits.num_blocks, limits.block_bytes, limits.max_model_len) == (11, 400, 44)
+
+
+def test_resolve_refuses_what_cannot_work() -> None:
+    with pytest.raises(ModelLoadError, match="max_model_len 4096 exceeds the model's context"):
+        GeneratorConfig(max_model_len=4096).resolve(context_length=2048, kv_bytes_per_token=8)
+    with pytest.raises(ModelLoadError, match=r"cannot hold one sequence of max_model_len 2048"):
+        GeneratorConfig(num_blocks=100).resolve(context_length=2048, kv_bytes_per_token=8)
