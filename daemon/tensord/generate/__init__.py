@@ -1,0 +1,1 @@
+"""The generation engine: continuous batching over a paged KV cache."""
