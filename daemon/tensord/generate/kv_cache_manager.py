@@ -54,9 +54,9 @@ class KVCacheStats:
     """Blocks holding a reusable prefix, in use or free."""
     block_size: int
     prefix_queries: int
-    """Prompt tokens looked up in the prefix cache so far."""
+    """Tokens of admitted requests looked up in the prefix cache so far."""
     prefix_hits: int
-    """Of those, tokens found cached."""
+    """Of those, tokens found cached (not computed again)."""
 
     @property
     def utilisation(self) -> float:
@@ -106,8 +106,6 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
-        self._prefix_queries += request.num_tokens
-        self._prefix_hits += len(blocks) * self.block_size
         return blocks, len(blocks) * self.block_size
 
     def allocate_slots(
@@ -132,6 +130,9 @@ class KVCacheManager:
             if not blocks:
                 del self.req_to_blocks[request.request_id]
             return None
+        if not blocks:  # the request's first slots: count its prefix lookup
+            self._prefix_queries += request.num_tokens
+            self._prefix_hits += len(new_computed_blocks) * self.block_size
         if new_computed_blocks:
             self.block_pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
