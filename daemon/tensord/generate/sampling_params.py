@@ -1,0 +1,216 @@
+"""Sampling parameters: what a request asks for, resolved against the model's defaults.
+
+`SamplingParams` mirrors the contract's SamplingParams with None for "not given";
+`SamplingParams.resolve` fills the gaps from the model's `GenerationDefaults` (its
+generation_config.json), checks every value and returns a `ResolvedSamplingParams` with
+no gaps, which is what the scheduler and sampler read. Bad values raise
+InvalidArgumentError naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tensord.errors import InvalidArgumentError
+
+# Temperatures below this are greedy: dividing logits by ~0 overflows float32.
+SAMPLING_EPS = 1e-5
+# The most alternatives a request may ask for per token, unless the engine says otherwise.
+DEFAULT_MAX_LOGPROBS = 20
+_UINT64_LIMIT = 1 << 64
+
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True, frozen=True)
+class GenerationDefaults:
+    """A model's decoding defaults, as its generation_config.json gives them.
+
+    Keys the file leaves out take the values below (as vLLM does): temperature 1,
+    no top-k or top-p limit, no repetition penalty, generation up to the context.
+    `do_sample` is not read: a request asks for greedy decoding with temperature 0.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int | None = None
+    max_length: int | None = None
+    """Prompt plus completion, when the file limits that instead of max_new_tokens."""
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_generation_config(cls, config: Mapping[str, Any]) -> GenerationDefaults:
+        """Read a parsed generation_config.json; unknown keys are ignored."""
+        eos = config.get("eos_token_id")
+        if eos is None:
+            eos_ids: tuple[int, ...] = ()
+        elif isinstance(eos, int):
+            eos_ids = (eos,)
+        else:
+            eos_ids = tuple(int(e) for e in eos)
+        max_new = config.get("max_new_tokens")
+        max_length = config.get("max_length")
+        return cls(
+            temperature=float(config.get("temperature", 1.0)),
+            top_k=int(config.get("top_k", 0) or 0),
+            top_p=float(config.get("top_p", 1.0)),
+            repetition_penalty=float(config.get("repetition_penalty", 1.0)),
+            max_new_tokens=int(max_new) if max_new else None,
+            max_length=int(max_length) if max_length else None,
+            eos_token_ids=eos_ids,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class ResolvedSamplingParams:
+    """Every decoding choice for one request, checked, with no gaps."""
+
+    max_tokens: int
+    temperature: float
+    top_k: int
+    """0 means no limit."""
+    top_p: float
+    repetition_penalty: float
+    seed: int
+    """The request's seed, or one drawn at random when it gave none (logged, replayable)."""
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    logprobs: int = 0
+    """Alternatives per token; 0 means no log probabilities."""
+    eos_token_ids: frozenset[int] = frozenset()
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature (near) zero: the most likely token, no randomness."""
+        return self.temperature < SAMPLING_EPS
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """What a request asked for; None means the model's default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int = 0
+
+    def resolve(
+        self,
+        defaults: GenerationDefaults,
+        *,
+        prompt_len: int,
+        max_model_len: int,
+        vocab_size: int | None = None,
+        max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+    ) -> ResolvedSamplingParams:
+        """Fill gaps from `defaults` and check everything against the model's limits.
+
+        `max_model_len` is the most tokens (prompt plus completion) one sequence may hold:
+        the model's context, or less when the KV pool is smaller.
+        """
+        check_prompt_length(prompt_len, max_model_len)
+        temperature = _pick(self.temperature, defaults.temperature)
+        top_k = _pick(self.top_k, defaults.top_k)
+        top_p = _pick(self.top_p, defaults.top_p)
+        penalty = _pick(self.repetition_penalty, defaults.repetition_penalty)
+        _check_floats(temperature, top_p, penalty)
+        if top_k < 0:
+            raise _bad("top_k", top_k, "must be >= 0 (0 means no limit)")
+        if not 0 <= self.logprobs <= max_logprobs:
+            raise _bad("logprobs", self.logprobs, f"must be in [0, {max_logprobs}]")
+        seed = secrets.randbits(64) if self.seed is None else self.seed
+        if not 0 <= seed < _UINT64_LIMIT:
+            raise _bad("seed", seed, "must be in [0, 2^64)")
+        _check_stops(self.stop, self.stop_token_ids, vocab_size)
+        return ResolvedSamplingParams(
+            max_tokens=self._max_tokens(defaults, prompt_len, max_model_len),
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            repetition_penalty=penalty,
+            seed=seed,
+            stop=tuple(self.stop),
+            stop_token_ids=frozenset(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs,
+            eos_token_ids=frozenset(defaults.eos_token_ids),
+        )
+
+    def _max_tokens(self, defaults: GenerationDefaults, prompt_len: int, max_model_len: int) -> int:
+        room = max_model_len - prompt_len
+        if self.max_tokens is None:
+            # A default never fails a request: it is cut to the room the context leaves.
+            if defaults.max_new_tokens is not None:
+                return max(1, min(defaults.max_new_tokens, room))
+            if defaults.max_length is not None:
+                return max(1, min(defaults.max_length - prompt_len, room))
+            return room
+        if self.max_tokens < 1:
+            raise _bad("max_tokens", self.max_tokens, "must be >= 1")
+        if self.max_tokens > room:
+            raise InvalidArgumentError(
+                f"sampling.max_tokens is {self.max_tokens} and the prompt has {prompt_len} "
+                f"tokens: {prompt_len + self.max_tokens} in all, beyond the model's context of "
+                f"{max_model_len} tokens; ask for at most {room} tokens"
+            )
+        return self.max_tokens
+
+
+def check_prompt_length(prompt_len: int, max_model_len: int) -> None:
+    """A prompt needs at least one token and must leave room for one generated token."""
+    if prompt_len < 1:
+        raise InvalidArgumentError("the prompt is empty: give at least one token")
+    if prompt_len >= max_model_len:
+        raise InvalidArgumentError(
+            f"the prompt has {prompt_len} tokens; the model's context is {max_model_len} tokens, "
+            f"so a prompt may have at most {max_model_len - 1}"
+        )
+
+
+def _pick(given: _T | None, default: _T) -> _T:
+    return default if given is None else given
+
+
+def _bad(name: str, value: object, rule: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"sampling.{name} {rule}, got {value!r}")
+
+
+def _check_floats(temperature: float, top_p: float, penalty: float) -> None:
+    for name, value in (
+        ("temperature", temperature),
+        ("top_p", top_p),
+        ("repetition_penalty", penalty),
+    ):
+        if not math.isfinite(value):
+            raise _bad(name, value, "must be a finite number")
+    if temperature < 0:
+        raise _bad("temperature", temperature, "must be >= 0 (0 means greedy)")
+    if not 0 < top_p <= 1:
+        raise _bad("top_p", top_p, "must be in (0, 1]")
+    if penalty <= 0:
+        raise _bad("repetition_penalty", penalty, "must be > 0 (1 means none)")
+
+
+def _check_stops(stop: tuple[str, ...], stop_token_ids: tuple[int, ...], vocab: int | None) -> None:
+    for i, text in enumerate(stop):
+        if not text:
+            raise InvalidArgumentError(f"sampling.stop[{i}] is empty; a stop sequence needs text")
+    for i, token in enumerate(stop_token_ids):
+        if token < 0 or (vocab is not None and token >= vocab):
+            limit = f"[0, {vocab})" if vocab is not None else ">= 0"
+            raise InvalidArgumentError(
+                f"sampling.stop_token_ids[{i}] is {token}, outside the vocabulary {limit}"
+            )
