@@ -6,14 +6,18 @@ The same data plane could serve another transport; nothing here knows protobuf.
 from __future__ import annotations
 
 import platform
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from tensord import __version__
 from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
-from tensord.errors import UnavailableError, UnimplementedError
+from tensord.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from tensord.executor.split import run_splitting_on_oom
+from tensord.generate.outputs import RequestOutput
+from tensord.generate.sampling_params import SamplingParams
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.registry import ModelRegistry, ModelState, ModelVersion
 
@@ -39,6 +43,22 @@ class PredictResult:
     outputs: list[tuple[str, np.ndarray]]
     queue_s: float
     compute_s: float
+
+
+@dataclass(slots=True)
+class GenerateCall:
+    """A Generate request after decoding: exactly one of prompt and prompt_token_ids."""
+
+    model: str
+    version: int
+    prompt: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    deadline: float | None
+
+
+# Prompts longer than this are tokenised on a worker thread, not on the event loop.
+_INLINE_TOKENIZE_CHARS = 2048
 
 
 @dataclass(slots=True)
@@ -93,14 +113,34 @@ class DataPlane:
             result.compute_s,
         )
 
-    async def generate(self, model: str, version: int) -> None:
-        """Not built yet: answer UNIMPLEMENTED once the model is known."""
+    async def generate(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
+        """Check the request, admit it to the model's engine and stream its chunks."""
         self._check_serving()
-        self.registry.get(model, version)
-        raise UnimplementedError(
-            "Generate is not available in this tensord version: the generation engine "
-            "(continuous batching over a paged KV cache) is not built yet; use Predict"
-        )
+        entry = self.registry.get(call.model, call.version)
+        engine = entry.engine
+        if engine is None:
+            raise FailedPreconditionError(
+                f"model {entry.name!r} is a predict model (tensors in, tensors out), not a "
+                "generator: call Predict, or Generate on a generator model (Info lists each "
+                "model's kind)"
+            )
+        directory = engine.directory
+        if call.prompt and call.prompt_token_ids:
+            raise InvalidArgumentError("set one of prompt and prompt_token_ids, not both")
+        if call.prompt_token_ids:
+            vocab = directory.spec.vocab_size
+            bad = [t for t in call.prompt_token_ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidArgumentError(
+                    f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})"
+                )
+            ids = call.prompt_token_ids
+        elif len(call.prompt) > _INLINE_TOKENIZE_CHARS:
+            ids = await asyncio.to_thread(directory.encode_prompt, call.prompt)
+        else:
+            ids = directory.encode_prompt(call.prompt)
+        async for chunk in engine.generate(ids, call.sampling, call.deadline):
+            yield chunk
 
     def health(self, model: str = "") -> HealthReport:
         """Serving state and every version, or one model's versions (NOT_FOUND if unknown)."""

@@ -11,7 +11,7 @@ attention_mask 0, and position_ids are each sequence's real positions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,17 +54,18 @@ class _DecodeView:
 
 
 class ModelRunner:
-    """Runs steps of one Optimum-layout decoder session over a KVStorage."""
+    """Runs steps of one Optimum-layout decoder over a KVStorage; `run(feeds, names)` is
+    the backend's blocking run."""
 
     def __init__(
         self,
-        session: object,
+        run: Callable[[Mapping[str, np.ndarray], Sequence[str]], list[np.ndarray]],
         storage: KVStorage,
         num_layers: int,
         has_position_ids: bool,
         pad_token_id: int = 0,
     ) -> None:
-        self._session = session
+        self._run_model = run
         self._storage = storage
         self._layers = num_layers
         self._has_positions = has_position_ids
@@ -104,7 +105,7 @@ class ModelRunner:
         for i, (k, v) in enumerate(past):
             feeds[f"past_key_values.{i}.key"] = k
             feeds[f"past_key_values.{i}.value"] = v
-        out = self._session.run(["logits", *self._present_names], feeds)  # type: ignore[attr-defined]
+        out = self._run_model(feeds, ["logits", *self._present_names])
         present = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(self._layers)]
         return out[0], present
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
@@ -23,6 +24,9 @@ from tensord.executor.split import run_splitting_on_oom
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.repository import VersionSource, scan_repository
 from tensord.registry.signature import apply_overrides, check_batching
+
+if TYPE_CHECKING:
+    from tensord.generate.engine import GenerationEngine
 
 log = structlog.get_logger("tensord.registry")
 
@@ -52,6 +56,13 @@ class ModelVersion:
     load_time_s: float = 0.0
     executor: Executor | None = None
     batcher: DynamicBatcher | None = None
+    engine: GenerationEngine | None = None
+    """The generation engine, for a generator (kind "generator")."""
+
+    @property
+    def kind(self) -> str:
+        """"predict" or "generator"."""
+        return self.config.kind or "predict"
 
 
 BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
@@ -121,6 +132,13 @@ class ModelRegistry:
 
     def _load_blocking(self, entry: ModelVersion) -> None:
         config = entry.config
+        if entry.kind == "generator":
+            from tensord.generate.loader import load_engine
+
+            entry.engine, entry.placement, entry.inputs, entry.outputs = load_engine(
+                entry.name, entry.path, config, self._where
+            )
+            return
 
         def make(where: DeviceOptions) -> Backend:
             return self._factory(entry.path, config, where)
@@ -213,6 +231,8 @@ class ModelRegistry:
                 await entry.batcher.close()
             if entry.executor is not None:
                 entry.executor.close()
+            if entry.engine is not None:
+                await asyncio.to_thread(entry.engine.close)
 
 
 def _not_ready(entry: ModelVersion) -> str:

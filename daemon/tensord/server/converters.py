@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import time
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from tensord.backends.base import TensorSpec
 from tensord.codec import decode_tensor, encode_tensor, pb_dtype
-from tensord.dataplane import HealthReport, PredictCall, PredictResult, ServerInfo
+from tensord.dataplane import GenerateCall, HealthReport, PredictCall, PredictResult, ServerInfo
 from tensord.executor.base import ExecutorStats
+from tensord.generate.outputs import RequestOutput
+from tensord.generate.sampling_params import SamplingParams
 from tensord.registry.registry import ModelVersion
 from tensord.v1 import inference_pb2 as pb
+
+if TYPE_CHECKING:
+    from tensord.generate.engine import EngineStats, GenerationEngine
 
 
 def predict_call(request: pb.PredictRequest, time_remaining: float | None) -> PredictCall:
@@ -34,6 +39,94 @@ def predict_response(
             compute_us=int(result.compute_s * 1e6),
             total_us=total_us,
         ),
+    )
+
+
+def generate_call(request: pb.GenerateRequest, time_remaining: float | None) -> GenerateCall:
+    """Decode a GenerateRequest; absent optional sampling fields stay None (model default)."""
+    s = request.sampling
+
+    def given(field: str) -> bool:
+        return request.HasField("sampling") and s.HasField(field)
+
+    params = SamplingParams(
+        max_tokens=s.max_tokens if given("max_tokens") else None,
+        temperature=s.temperature if given("temperature") else None,
+        top_k=s.top_k if given("top_k") else None,
+        top_p=s.top_p if given("top_p") else None,
+        repetition_penalty=s.repetition_penalty if given("repetition_penalty") else None,
+        seed=s.seed if given("seed") else None,
+        stop=tuple(s.stop),
+        stop_token_ids=tuple(s.stop_token_ids),
+        ignore_eos=s.ignore_eos,
+        logprobs=s.logprobs,
+    )
+    deadline = None if time_remaining is None else time.monotonic() + time_remaining
+    return GenerateCall(
+        request.model,
+        request.version,
+        request.prompt,
+        list(request.prompt_token_ids),
+        params,
+        deadline,
+    )
+
+
+_FINISH_REASONS = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+
+
+def generate_response(chunk: RequestOutput) -> pb.GenerateResponse:
+    """Encode one stream chunk; the last one carries the finish reason and usage."""
+    response = pb.GenerateResponse(index=chunk.index, token_ids=chunk.token_ids, text=chunk.text)
+    if chunk.logprobs:
+        response.logprobs.extend(
+            pb.TokenLogprob(
+                token_id=lp.token_id,
+                logprob=lp.logprob,
+                top=[pb.TopLogprob(token_id=t, logprob=p) for t, p in lp.top],
+            )
+            for lp in chunk.logprobs
+        )
+    if chunk.finish_reason is not None:
+        response.finish_reason = _FINISH_REASONS[chunk.finish_reason]
+    if chunk.usage is not None:
+        u = chunk.usage
+        response.usage.CopyFrom(
+            pb.Usage(
+                prompt_tokens=u.prompt_tokens,
+                completion_tokens=u.completion_tokens,
+                time_to_first_token_ms=u.time_to_first_token_ms,
+                mean_inter_token_ms=u.mean_inter_token_ms,
+            )
+        )
+    return response
+
+
+def generator_status(engine: GenerationEngine, stats: EngineStats) -> pb.GeneratorStatus:
+    """Encode a generation engine's limits and state for Info."""
+    limits, kv = engine.limits, stats.kv_cache
+    return pb.GeneratorStatus(
+        max_model_len=limits.max_model_len,
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_queue_size=limits.max_queue_size,
+        running=stats.running,
+        waiting=stats.waiting,
+        kv_cache=pb.KvCacheStatus(
+            block_size=kv.block_size,
+            total_blocks=kv.total_blocks,
+            used_blocks=kv.used_blocks,
+            free_blocks=kv.free_blocks,
+            cached_blocks=kv.cached_blocks,
+            utilization=kv.utilisation,
+            block_bytes=limits.block_bytes,
+            total_bytes=engine.storage.nbytes,
+        ),
+        steps=stats.steps,
+        generated_tokens=stats.generated_tokens,
+        prefix_hit_tokens=stats.prefix_hit_tokens,
+        preemptions=stats.preemptions,
+        eos_token_ids=list(engine.directory.spec.eos_token_ids),
     )
 
 
@@ -69,7 +162,7 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
         outputs=[_spec(s) for s in mv.outputs],
         max_batch_size=mv.config.max_batch_size,
         load_time_ms=mv.load_time_s * 1e3,
-        kind="predict",
+        kind=mv.kind,
         instance_count=mv.config.instance_count,
     )
     if mv.placement is not None:
@@ -79,6 +172,9 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
     if mv.executor is not None:
         info.executor = mv.executor.kind
         info.executor_status.CopyFrom(executor_status(mv.executor.stats(), mv.executor.reason))
+    if mv.engine is not None:
+        info.executor = "cpu"  # the engine's steps run on the host (see model_runner.py)
+        info.generator.CopyFrom(generator_status(mv.engine, mv.engine.stats()))
     batching = mv.config.dynamic_batching
     if batching is not None:
         info.dynamic_batching.CopyFrom(

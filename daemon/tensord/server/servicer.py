@@ -49,9 +49,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def Generate(
         self, request: pb.GenerateRequest, context: Ctx, rid: str
     ) -> AsyncIterator[pb.GenerateResponse]:
-        await self._dataplane.generate(request.model, request.version)
-        return
-        yield  # an async generator that has nothing to stream yet
+        call = converters.generate_call(request, context.time_remaining())
+        async for chunk in self._dataplane.generate(call):
+            yield converters.generate_response(chunk)
 
     @unary_rpc
     async def Health(self, request: pb.HealthRequest, context: Ctx, rid: str) -> pb.HealthResponse:
