@@ -5,8 +5,8 @@ The same data plane could serve another transport; nothing here knows protobuf.
 
 from __future__ import annotations
 
-import platform
 import asyncio
+import platform
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -94,6 +94,11 @@ class DataPlane:
         """Validate against the signature, queue, run, and return the asked-for outputs."""
         self._check_serving()
         entry = self.registry.get(call.model, call.version)
+        if entry.engine is not None:
+            raise FailedPreconditionError(
+                f"model {entry.name!r} is a generator: call Generate, which streams its tokens "
+                "(Predict runs predict models: tensors in, tensors out)"
+            )
         inputs = check_inputs(entry.name, entry.inputs, call.inputs, entry.config.max_batch_size)
         names = check_output_names(entry.name, entry.outputs, call.output_names)
         executor = entry.executor
@@ -127,6 +132,10 @@ class DataPlane:
         directory = engine.directory
         if call.prompt and call.prompt_token_ids:
             raise InvalidArgumentError("set one of prompt and prompt_token_ids, not both")
+        if not call.prompt and not call.prompt_token_ids:
+            raise InvalidArgumentError(
+                "the prompt is empty: set prompt (text) or prompt_token_ids"
+            )
         if call.prompt_token_ids:
             vocab = directory.spec.vocab_size
             bad = [t for t in call.prompt_token_ids if not 0 <= t < vocab]

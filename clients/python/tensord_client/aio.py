@@ -102,8 +102,11 @@ class AsyncClient:
         call = self._stub.Generate(
             request, timeout=self._deadline(timeout), metadata=metadata(request_id)
         )
-        async for chunk in call:
-            yield chunk
+        try:
+            async for chunk in call:
+                yield chunk
+        finally:
+            call.cancel()  # a reader that stops early frees the server's sequence at once
 
     async def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
         """Server and model health."""

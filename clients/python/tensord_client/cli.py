@@ -1,4 +1,4 @@
-"""`tensorctl`: health, info and predict against a tensord, as tables or JSON."""
+"""`tensorctl`: health, info, predict and generate against a tensord, as tables or JSON."""
 
 from __future__ import annotations
 
@@ -155,6 +155,43 @@ def cmd_predict(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+_SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
+_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
+
+
+def cmd_generate(client: Client, args: argparse.Namespace) -> int:
+    """Stream a generation: the text as it comes, or one JSON record per chunk."""
+    sampling: dict[str, Any] = {name: getattr(args, name) for name in _SAMPLING}
+    sampling.update(
+        stop=args.stop or None,
+        stop_token_ids=args.stop_token_id or None,
+        ignore_eos=args.ignore_eos or None,
+        logprobs=args.logprobs or None,
+    )
+    token_ids = [int(t) for t in args.token_ids.split(",")] if args.token_ids else None
+    last = None
+    for chunk in client.generate(
+        args.model, args.prompt, token_ids=token_ids, version=args.version, **sampling
+    ):
+        if args.json:
+            print(json.dumps(_to_dict(chunk)), flush=True)
+        else:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        last = chunk
+    if not args.json:
+        sys.stdout.write("\n")
+        if last is not None and last.HasField("usage"):
+            u = last.usage
+            print(
+                f"[{_FINISH.get(last.finish_reason, '?')}: {u.prompt_tokens} prompt + "
+                f"{u.completion_tokens} generated tokens, first token "
+                f"{u.time_to_first_token_ms:.1f} ms, {u.mean_inter_token_ms:.1f} ms/token]",
+                file=sys.stderr,
+            )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """tensorctl's arguments."""
     parser = argparse.ArgumentParser(prog="tensorctl", description="Talk to a tensord daemon.")
@@ -187,6 +224,22 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--output-dir", type=Path, help="write each output to DIR/NAME.npy")
     predict.add_argument("--version", type=int, default=0, help="model version (0: newest ready)")
     predict.set_defaults(func=cmd_predict)
+    generate = sub.add_parser("generate", help="stream tokens from a generator model")
+    generate.add_argument("model")
+    generate.add_argument("prompt", nargs="?", help="the prompt text (or --token-ids)")
+    generate.add_argument("--token-ids", help="the prompt as comma-separated token ids")
+    generate.add_argument("--version", type=int, default=0, help="model version (0: newest)")
+    generate.add_argument("--max-tokens", type=int, help="most tokens to generate")
+    generate.add_argument("--temperature", type=float, help="0 is greedy")
+    generate.add_argument("--top-k", type=int, help="keep the k most likely tokens (0: all)")
+    generate.add_argument("--top-p", type=float, help="nucleus probability in (0, 1]")
+    generate.add_argument("--repetition-penalty", type=float, help="1 is none")
+    generate.add_argument("--seed", type=int, help="random seed for reproducible sampling")
+    generate.add_argument("--stop", action="append", help="stop sequence; repeat")
+    generate.add_argument("--stop-token-id", type=int, action="append", help="repeat")
+    generate.add_argument("--ignore-eos", action="store_true", help="go on past end-of-sequence")
+    generate.add_argument("--logprobs", type=int, default=0, help="top alternatives per token")
+    generate.set_defaults(func=cmd_generate)
     return parser
 
 

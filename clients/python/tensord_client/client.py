@@ -104,9 +104,13 @@ class Client:
     ) -> Iterator[pb.GenerateResponse]:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...)."""
         request = generate_request(model, prompt, token_ids, version, sampling)
-        yield from self._stub.Generate(
+        call = self._stub.Generate(
             request, timeout=self._deadline(timeout), metadata=metadata(request_id)
         )
+        try:
+            yield from call
+        finally:
+            call.cancel()  # a reader that stops early frees the server's sequence at once
 
     def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
         """Server and model health."""

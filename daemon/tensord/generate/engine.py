@@ -1,17 +1,22 @@
 """The generation engine of one generator model: an engine thread and an async front.
 
-The engine thread loops: apply queued aborts, `schedule()` a step, run it on the model
-(ModelRunner), sample, `update_from_output`, detokenize and hand each request's chunk to
-its OutputStream. The event loop only adds requests, awaits chunks and aborts. The
-scheduler is shared under one lock that the thread drops while the model runs, so a new
-request is admitted (or refused: queue full, too long) synchronously, before its stream
-starts. Aborts are applied between steps: a cancelled stream frees its blocks within one
-step, and a running step never writes into blocks handed to someone else.
+The engine thread loops: apply queued aborts and stops, `schedule()` a step, run it on the
+model (ModelRunner), sample, `update_from_output`, and hand the step's outputs to the
+event loop in one call. On the loop, the OutputProcessor detokenizes, matches stop
+strings and fills each request's merging output slot (as vLLM splits engine core and
+output processing): detokenizing a step overlaps the next step's model run.
+
+The scheduler is shared under one lock that the thread drops while the model runs, so a
+new request is admitted (or refused: queue full, too long) synchronously, before its
+stream starts. Aborts and stop-string finishes are applied between steps: a cancelled
+stream frees its blocks within one step, and a running step never writes into blocks
+handed to someone else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -21,24 +26,18 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from tensord.errors import (
-    DeadlineExceededError,
-    InternalError,
-    TensordError,
-    UnavailableError,
-)
+from tensord.errors import InternalError, TensordError, UnavailableError
 from tensord.generate.kv_cache_manager import KVCacheManager, KVCacheStats
 from tensord.generate.kv_storage import KVShape, KVStorage
-from tensord.generate.model_dir import GeneratorDirectory
+from tensord.generate.model_dir import GeneratorDirectory, GeneratorSpec
 from tensord.generate.model_runner import ModelRunner, StepItem
-from tensord.generate.output_processor import OutputProcessor
-from tensord.generate.outputs import RequestOutput
+from tensord.generate.output_processor import OutputProcessor, RequestOutputCollector
+from tensord.generate.outputs import EngineCoreOutput, RequestOutput, TokenLogprob
 from tensord.generate.request import Request, RequestStatus
 from tensord.generate.sampler import Sampler
-from tensord.generate.sampling_params import SamplingParams
+from tensord.generate.sampling_params import GenerationDefaults, SamplingParams
 from tensord.generate.scheduler import Scheduler, SchedulerConfig
 from tensord.generate.scheduler_output import SchedulerOutput
-from tensord.generate.stream import OutputStream
 from tensord.registry.generator_config import GeneratorLimits
 
 log = structlog.get_logger("tensord.generate")
@@ -59,13 +58,19 @@ class EngineStats:
     kv_cache: KVCacheStats
 
 
-@dataclass(slots=True)
-class _Live:
-    """What the engine keeps per request besides the scheduler's Request."""
-
-    request: Request
-    stream: OutputStream
-    processor: OutputProcessor
+def sampling_defaults(spec: GeneratorSpec) -> GenerationDefaults:
+    """The model's generation_config as request defaults. As in transformers, a model
+    whose generation_config does not set do_sample decodes greedily by default."""
+    d = spec.defaults
+    return GenerationDefaults(
+        temperature=d.temperature if d.do_sample else 0.0,
+        top_k=d.top_k,
+        top_p=d.top_p,
+        repetition_penalty=d.repetition_penalty,
+        max_new_tokens=d.max_new_tokens,
+        max_length=d.max_length,
+        eos_token_ids=spec.eos_token_ids,
+    )
 
 
 class GenerationEngine:
@@ -95,18 +100,21 @@ class GenerationEngine:
             run, self.storage, spec.num_layers, spec.has_position_ids, pad_token_id=pad
         )
         self.sampler = Sampler()
+        self.defaults = sampling_defaults(spec)
+        self.output_processor = OutputProcessor(directory.tokenizer)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._live: dict[str, _Live] = {}
         self._aborts: list[str] = []
+        self._stops: list[str] = []
         self._stopping: TensordError | None = None
         self._steps = 0
         self._generated = 0
-        self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._run_loop, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
-    # -- the async front -------------------------------------------------------------
+    # -- the async front (event loop thread) -------------------------------------------
 
     def add_request(
         self,
@@ -114,28 +122,27 @@ class GenerationEngine:
         params: SamplingParams,
         deadline: float | None = None,
         arrival: float | None = None,
-    ) -> OutputStream:
+    ) -> tuple[str, RequestOutputCollector]:
         """Admit a request (raises InvalidArgument / ResourceExhausted / Unavailable at
-        once) and return the stream its chunks arrive on. Call from the event loop."""
+        once); returns its id and the slot its chunks arrive in."""
         spec = self.directory.spec
         resolved = params.resolve(
-            spec.defaults,
+            self.defaults,
             prompt_len=len(prompt_token_ids),
             max_model_len=self.limits.max_model_len,
             vocab_size=spec.vocab_size,
         )
+        self._loop = asyncio.get_running_loop()
         request_id = f"{self.name}-{next(self._ids)}"
         arrival = time.monotonic() if arrival is None else arrival
         request = Request(request_id, list(prompt_token_ids), resolved, arrival, deadline)
-        stream = OutputStream(request_id, asyncio.get_running_loop())
-        processor = OutputProcessor(request, self.directory.tokenizer)
         with self._wake:
             if self._stopping is not None:
                 raise self._stopping
             self.scheduler.add_request(request)
-            self._live[request_id] = _Live(request, stream, processor)
+            collector = self.output_processor.add_request(request)
             self._wake.notify()
-        return stream
+        return request_id, collector
 
     async def generate(
         self,
@@ -145,19 +152,20 @@ class GenerationEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Admit, then yield chunks until the last one; a reader that goes away (cancel,
         disconnect, break) aborts the request and frees its blocks."""
-        stream = self.add_request(prompt_token_ids, params, deadline)
+        request_id, collector = self.add_request(prompt_token_ids, params, deadline)
+        finished = False
         try:
-            while True:
-                chunk = await stream.get()
+            while not finished:
+                chunk = await collector.get()
+                finished = chunk.finished
                 yield chunk
-                if chunk.finished:
-                    return
         finally:
-            if not stream.closed:
-                self.abort(stream.request_id)
+            if not finished:
+                self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        """Abort a request at the next step boundary (thread-safe)."""
+        """Abort a request: its slot is dropped now, its blocks freed at the next step."""
+        self.output_processor.abort_requests([request_id])
         with self._wake:
             self._aborts.append(request_id)
             self._wake.notify()
@@ -177,7 +185,8 @@ class GenerationEngine:
             )
 
     def close(self, error: TensordError | None = None) -> None:
-        """End every stream with `error` (UNAVAILABLE by default), free the blocks, stop."""
+        """End every stream with `error` (UNAVAILABLE by default), free the blocks, stop.
+        Blocking: call it from a worker thread when an event loop is running."""
         with self._wake:
             self._stopping = error or UnavailableError(
                 f"model {self.name!r} is shutting down; retry on another instance"
@@ -185,22 +194,40 @@ class GenerationEngine:
             self._wake.notify()
         self._thread.join(timeout=30)
 
+    def _on_loop(self, fn: Callable[..., None], *args: object) -> None:
+        """Engine thread: run fn(*args) on the event loop (dropped when it has closed)."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _deliver(self, outputs: list[EngineCoreOutput]) -> None:
+        """Event loop: chunks into slots; stop strings finish their requests next step."""
+        to_stop = self.output_processor.process_outputs(outputs)
+        if to_stop:
+            with self._wake:
+                self._stops.extend(to_stop)
+                self._wake.notify()
+
     # -- the engine thread -------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _run_loop(self) -> None:
         while True:
             with self._wake:
-                while not (self._aborts or self._stopping or self.scheduler.has_unfinished_requests()):
+                while not self._has_work():
                     self._wake.wait()
-                self._apply_aborts()
+                self._apply_aborts_and_stops()
                 if self._stopping is not None:
-                    self._fail(list(self._live), RequestStatus.FINISHED_ABORTED, self._stopping)
+                    self._fail(list(self.scheduler.requests), self._stopping)
                     return
                 output = self.scheduler.schedule()
-                self._settle_schedule(output)
+                if output.preempted_req_ids:
+                    self.runner.reset()
+                if output.expired_req_ids:
+                    self._on_loop(self.output_processor.expire_requests, output.expired_req_ids)
                 if output.is_empty:
-                    # Nothing fits now (every block held by requests that are finishing):
-                    # wait for an abort, a new request or a deadline.
+                    # Nothing fits now: wait for an abort, a new request or a deadline.
                     self._wake.wait(timeout=0.01)
                     continue
             try:
@@ -208,29 +235,29 @@ class GenerationEngine:
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.error("engine.step_failed", model=self.name, error=str(exc))
                 self.runner.reset()
-                error = exc if isinstance(exc, TensordError) else InternalError(
-                    f"generation step failed: {exc}"
+                error = (
+                    exc
+                    if isinstance(exc, TensordError)
+                    else InternalError(f"generation step failed: {exc}")
                 )
                 with self._lock:
-                    ids = [item.request_id for item in output.scheduled]
-                    self._fail(ids, RequestStatus.FINISHED_ERROR, error)
+                    self._fail([item.request_id for item in output.scheduled], error)
 
-    def _apply_aborts(self) -> None:
+    def _has_work(self) -> bool:
+        return bool(
+            self._aborts
+            or self._stops
+            or self._stopping
+            or self.scheduler.has_unfinished_requests()
+        )
+
+    def _apply_aborts_and_stops(self) -> None:
         if self._aborts:
             aborted, self._aborts = self._aborts, []
             self.scheduler.abort(aborted)
-            for request_id in aborted:
-                self._live.pop(request_id, None)
-
-    def _settle_schedule(self, output: SchedulerOutput) -> None:
-        """Under the lock: answer requests the scheduler finished before running them."""
-        if output.preempted_req_ids:
-            self.runner.reset()
-        for request_id in output.expired_req_ids:
-            live = self._live.pop(request_id, None)
-            if live is not None:
-                waited = time.monotonic() - live.request.arrival_time
-                live.stream.fail(DeadlineExceededError.queued_or_running(waited))
+        if self._stops:
+            stopped, self._stops = self._stops, []
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
 
     def _step(self, output: SchedulerOutput) -> None:
         items = [
@@ -238,41 +265,30 @@ class GenerationEngine:
             for s in output.scheduled
         ]
         logits = self.runner.execute(items)
-        sampling = [s.request for s in output.scheduled if s.sample]
-        sampled: dict[str, int] = {}
-        logprobs = {}
-        if sampling:
-            rows = np.stack([logits[r.request_id] for r in sampling])
-            result = self.sampler.sample(rows, sampling)
-            for i, request in enumerate(sampling):
-                sampled[request.request_id] = int(result.token_ids[i])
-                token_logprob = result.logprobs[i]
-                if token_logprob is not None:
-                    logprobs[request.request_id] = token_logprob
-        now = time.monotonic()
+        sampled, logprobs = self._sample(output, logits)
         with self._lock:
             self._steps += 1
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
-            for core in core_outputs:
-                live = self._live.get(core.request_id)
-                if live is None:
-                    continue
-                chunk = live.processor.process(core, now)
-                if live.processor.stopped and not core.finished:
-                    # A stop string ended it: the scheduler frees its blocks now.
-                    self.scheduler.finish_requests(
-                        [core.request_id], RequestStatus.FINISHED_STOPPED
-                    )
-                if chunk is not None:
-                    live.stream.put(chunk)
-                if chunk is not None and chunk.finished:
-                    del self._live[core.request_id]
+        if core_outputs:
+            self._on_loop(self._deliver, core_outputs)
 
-    def _fail(self, request_ids: Sequence[str], status: RequestStatus, error: BaseException) -> None:
-        """Under the lock: finish requests with `status` and end their streams with `error`."""
-        self.scheduler.finish_requests(request_ids, status)
-        for request_id in request_ids:
-            live = self._live.pop(request_id, None)
-            if live is not None:
-                live.stream.fail(error)
+    def _sample(
+        self, output: SchedulerOutput, logits: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+        requests = [s.request for s in output.scheduled if s.sample]
+        if not requests:
+            return {}, {}
+        result = self.sampler.sample(np.stack([logits[r.request_id] for r in requests]), requests)
+        sampled = {r.request_id: int(t) for r, t in zip(requests, result.token_ids, strict=True)}
+        logprobs = {
+            r.request_id: lp
+            for r, lp in zip(requests, result.logprobs, strict=True)
+            if lp is not None
+        }
+        return sampled, logprobs
+
+    def _fail(self, request_ids: Sequence[str], error: TensordError) -> None:
+        """Under the lock: finish requests (blocks freed) and end their streams with error."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ERROR)
+        self._on_loop(self.output_processor.fail_requests, list(request_ids), error)

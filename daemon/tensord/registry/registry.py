@@ -61,7 +61,7 @@ class ModelVersion:
 
     @property
     def kind(self) -> str:
-        """"predict" or "generator"."""
+        """ "predict" or "generator"."""
         return self.config.kind or "predict"
 
 

@@ -1,0 +1,302 @@
+"""Generate over a real server: greedy equality under concurrency, seeds, stops, cancels."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from tensord_client import AsyncClient, Client
+from tensord.v1 import inference_pb2 as pb
+from tests.conftest import ServerThread, start_server
+from tests.generate_reference import ReferenceModel
+
+MODEL = "tinylm"
+GENERATOR_TOML = """\
+[generator]
+block_size = 16
+num_blocks = 160
+max_num_seqs = 16
+max_num_batched_tokens = 256
+max_queue_size = 64
+"""
+
+
+@pytest.fixture(scope="module")
+def gen_repo(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("generator-repo")
+    shutil.copytree(demo_repo / MODEL, root / MODEL)
+    (root / MODEL / "model.toml").write_text(GENERATOR_TOML)
+    return root
+
+
+@pytest.fixture(scope="module")
+def gen_server(gen_repo: Path) -> Iterator[ServerThread]:
+    srv = start_server(gen_repo)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(gen_repo: Path) -> ReferenceModel:
+    return ReferenceModel(gen_repo / MODEL)
+
+
+def _kv(client: Client) -> pb.KvCacheStatus:
+    (model,) = [m for m in client.info().models if m.name == MODEL]
+    return model.generator.kv_cache
+
+
+def _wait_idle(client: Client, timeout: float = 5.0) -> pb.KvCacheStatus:
+    """The KV pool once no sequence holds a block (aborts land within a step)."""
+    end = time.monotonic() + timeout
+    while True:
+        kv = _kv(client)
+        if kv.used_blocks == 0 or time.monotonic() > end:
+            return kv
+        time.sleep(0.02)
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, 90, count)
+    return [rng.integers(5, 2000, n).tolist() for n in lengths]
+
+
+async def _collect(
+    client: AsyncClient, prompt: list[int], delay: float, **sampling: object
+) -> tuple[list[int], list[pb.GenerateResponse]]:
+    await asyncio.sleep(delay)
+    chunks = [c async for c in client.generate(MODEL, token_ids=prompt, **sampling)]
+    return [t for c in chunks for t in c.token_ids], chunks
+
+
+def test_sixteen_streams_equal_the_no_cache_reference(
+    gen_server: ServerThread, reference: ReferenceModel
+) -> None:
+    prompts = _prompts(16)
+    new_tokens = 24
+
+    async def run() -> list[tuple[list[int], list[pb.GenerateResponse]]]:
+        async with AsyncClient(gen_server.target, timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    _collect(
+                        client, p, 0.004 * i, max_tokens=new_tokens, temperature=0, ignore_eos=True
+                    )
+                    for i, p in enumerate(prompts)
+                )
+            )
+
+    results = asyncio.run(run())
+    compared = 0
+    for prompt, (tokens, chunks) in zip(prompts, results, strict=True):
+        assert len(tokens) == new_tokens
+        last = chunks[-1]
+        assert last.finish_reason == pb.FINISH_REASON_LENGTH
+        assert last.usage.prompt_tokens == len(prompt)
+        assert last.usage.completion_tokens == new_tokens
+        assert last.usage.time_to_first_token_ms > 0
+        assert [c.index for c in chunks] == [
+            sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))
+        ]
+        compared += reference.greedy(prompt, new_tokens).check(tokens)
+    assert compared >= 16 * new_tokens * 0.9  # near ties are rare on this model
+    assert len({tuple(t) for t, _ in results}) == 16  # different prompts, different outputs
+    with Client(gen_server.target) as client:
+        kv = _wait_idle(client)
+        assert kv.used_blocks == 0 and kv.free_blocks == kv.total_blocks == 160
+        assert kv.cached_blocks > 0  # full prompt blocks stay cached for reuse
+
+
+def test_prefix_hits_give_the_same_tokens(gen_server: ServerThread) -> None:
+    prompt = list(range(100, 150))  # 50 tokens: 3 full blocks of 16
+    with Client(gen_server.target) as client:
+        first = [
+            t
+            for c in client.generate(
+                MODEL, token_ids=prompt, max_tokens=8, temperature=0, ignore_eos=True
+            )
+            for t in c.token_ids
+        ]  # noqa: E501
+        (model,) = [m for m in client.info().models if m.name == MODEL]
+        hits_before = model.generator.prefix_hit_tokens
+        again = [
+            t
+            for c in client.generate(
+                MODEL, token_ids=prompt, max_tokens=8, temperature=0, ignore_eos=True
+            )
+            for t in c.token_ids
+        ]  # noqa: E501
+        (model,) = [m for m in client.info().models if m.name == MODEL]
+        assert model.generator.prefix_hit_tokens - hits_before == 48
+    assert again == first
+
+
+def test_seed_gives_the_same_tokens_alone_and_in_a_batch(gen_server: ServerThread) -> None:
+    prompt = list(range(7, 27))
+    sampling = {"max_tokens": 16, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
+
+    async def run() -> tuple[list[int], list[list[int]]]:
+        async with AsyncClient(gen_server.target, timeout=60) as client:
+            alone, _ = await _collect(client, prompt, 0, ignore_eos=True, **sampling)
+            crowd = await asyncio.gather(
+                *(
+                    _collect(client, p, 0.002 * i, ignore_eos=True, **sampling)
+                    for i, p in enumerate([prompt, *_prompts(7, seed=5)])
+                )
+            )
+            return alone, [tokens for tokens, _ in crowd]
+
+    alone, crowd = asyncio.run(run())
+    assert crowd[0] == alone
+    assert len(alone) == 16
+    with Client(gen_server.target) as client:
+        other_seed = [
+            t
+            for c in client.generate(
+                MODEL, token_ids=prompt, ignore_eos=True, **{**sampling, "seed": 99}
+            )
+            for t in c.token_ids
+        ]
+    assert other_seed != alone
+
+
+def test_text_stop_sequence_is_not_emitted(gen_server: ServerThread) -> None:
+    with Client(gen_server.target) as client:
+        full = list(
+            client.generate(MODEL, "the river", max_tokens=30, temperature=0, ignore_eos=True)
+        )
+        text = "".join(c.text for c in full)
+        assert len(text) > 12
+        stop = text[8:11]  # a stop string inside the output, likely across tokens
+        cut = list(
+            client.generate(
+                MODEL, "the river", max_tokens=30, temperature=0, ignore_eos=True, stop=[stop]
+            )
+        )
+    got = "".join(c.text for c in cut)
+    assert got == text[: text.index(stop)]
+    assert cut[-1].finish_reason == pb.FINISH_REASON_STOP
+
+
+def test_logprobs_and_text_deltas(gen_server: ServerThread) -> None:
+    with Client(gen_server.target) as client:
+        chunks = list(
+            client.generate(
+                MODEL, "hello", max_tokens=6, temperature=0, logprobs=3, ignore_eos=True
+            )
+        )
+    entries = [lp for c in chunks for lp in c.logprobs]
+    assert len(entries) == 6
+    for lp in entries:
+        assert len(lp.top) == 3 and lp.logprob <= 0
+        assert lp.top[0].token_id == lp.token_id  # greedy picks the most likely
+        assert lp.top[0].logprob >= lp.top[1].logprob >= lp.top[2].logprob
+
+
+def test_cancelled_streams_free_their_blocks(gen_server: ServerThread) -> None:
+    async def cancel_one(client: AsyncClient, i: int) -> int:
+        seen = 0
+        async for chunk in client.generate(
+            MODEL, token_ids=list(range(10, 40 + i % 30)), max_tokens=200, ignore_eos=True
+        ):
+            seen += len(chunk.token_ids)
+            if seen >= 3:
+                break  # the client's generator cancels the call
+        return seen
+
+    async def run() -> list[int]:
+        async with AsyncClient(gen_server.target, timeout=60) as client:
+            results = []
+            for start in range(0, 100, 20):
+                results += await asyncio.gather(
+                    *(cancel_one(client, i) for i in range(start, start + 20))
+                )
+            return results
+
+    seen = asyncio.run(run())
+    assert len(seen) == 100 and min(seen) >= 3
+    with Client(gen_server.target) as client:
+        kv = _wait_idle(client)
+        assert kv.used_blocks == 0 and kv.free_blocks == kv.total_blocks
+        (model,) = [m for m in client.info().models if m.name == MODEL]
+        assert model.generator.running == 0 and model.generator.waiting == 0
+
+
+def test_deadlines_end_streams_and_free_blocks(gen_server: ServerThread) -> None:
+    with Client(gen_server.target) as client:
+        for _ in range(5):
+            got: list[pb.GenerateResponse] = []
+            with pytest.raises(grpc.RpcError) as info:
+                for chunk in client.generate(
+                    MODEL,
+                    token_ids=list(range(50, 90)),
+                    max_tokens=1500,
+                    ignore_eos=True,
+                    timeout=0.3,
+                ):
+                    got.append(chunk)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert got  # tokens streamed before the deadline stay valid
+        kv = _wait_idle(client)
+        assert kv.used_blocks == 0 and kv.free_blocks == kv.total_blocks
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code", "words"),
+    [
+        ({"max_tokens": 0}, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+        ({"max_tokens": 5000}, grpc.StatusCode.INVALID_ARGUMENT, "context"),
+        ({"temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+        ({"top_p": 1.5}, grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+        ({"top_k": -2}, grpc.StatusCode.INVALID_ARGUMENT, "top_k"),
+        ({"repetition_penalty": 0.0}, grpc.StatusCode.INVALID_ARGUMENT, "repetition_penalty"),
+        ({"logprobs": 10_000}, grpc.StatusCode.INVALID_ARGUMENT, "logprobs"),
+        ({"stop": [""]}, grpc.StatusCode.INVALID_ARGUMENT, "stop"),
+    ],
+)
+def test_bad_sampling_is_refused(
+    gen_server: ServerThread, kwargs: dict[str, object], code: grpc.StatusCode, words: str
+) -> None:
+    with Client(gen_server.target, retries=0) as client:
+        with pytest.raises(grpc.RpcError) as info:
+            list(client.generate(MODEL, "hi", **kwargs))
+        assert info.value.code() == code, info.value.details()
+        assert words in info.value.details()
+        ok = list(client.generate(MODEL, "hi", max_tokens=2, ignore_eos=True))
+        assert sum(len(c.token_ids) for c in ok) == 2
+
+
+def test_bad_prompts_and_models_are_refused(gen_server: ServerThread, server: ServerThread) -> None:
+    with Client(gen_server.target, retries=0) as client:
+        cases = [
+            ({"prompt": "x" * 20, "token_ids": [1, 2]}, grpc.StatusCode.INVALID_ARGUMENT, "one of"),
+            ({"token_ids": [5] * 3000}, grpc.StatusCode.INVALID_ARGUMENT, "context"),
+            ({"token_ids": [5, 999_999]}, grpc.StatusCode.INVALID_ARGUMENT, "vocabulary"),
+            ({"prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+        ]
+        for kwargs, code, words in cases:
+            prompt = kwargs.pop("prompt", None)
+            with pytest.raises(grpc.RpcError) as info:
+                list(client.generate(MODEL, prompt, **kwargs))  # type: ignore[arg-type]
+            assert info.value.code() == code, (kwargs, info.value.details())
+            assert words in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            list(client.generate("nope", "hi"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    with Client(server.target, retries=0) as client:
+        with pytest.raises(grpc.RpcError) as info:
+            list(client.generate("mlp", "hi"))
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not a generator" in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            client.predict(MODEL, {"input_ids": np.zeros((1, 2), np.int64)})
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "Generate" in info.value.details()
