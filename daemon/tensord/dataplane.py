@@ -133,9 +133,7 @@ class DataPlane:
         if call.prompt and call.prompt_token_ids:
             raise InvalidArgumentError("set one of prompt and prompt_token_ids, not both")
         if not call.prompt and not call.prompt_token_ids:
-            raise InvalidArgumentError(
-                "the prompt is empty: set prompt (text) or prompt_token_ids"
-            )
+            raise InvalidArgumentError("the prompt is empty: set prompt (text) or prompt_token_ids")
         if call.prompt_token_ids:
             vocab = directory.spec.vocab_size
             bad = [t for t in call.prompt_token_ids if not 0 <= t < vocab]

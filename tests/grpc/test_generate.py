@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from tensord_client import AsyncClient, Client
 from tensord.v1 import inference_pb2 as pb
+from tensord_client import AsyncClient, Client
 from tests.conftest import ServerThread, start_server
 from tests.generate_reference import ReferenceModel
 
@@ -124,7 +124,7 @@ def test_prefix_hits_give_the_same_tokens(gen_server: ServerThread) -> None:
                 MODEL, token_ids=prompt, max_tokens=8, temperature=0, ignore_eos=True
             )
             for t in c.token_ids
-        ]  # noqa: E501
+        ]
         (model,) = [m for m in client.info().models if m.name == MODEL]
         hits_before = model.generator.prefix_hit_tokens
         again = [
@@ -133,7 +133,7 @@ def test_prefix_hits_give_the_same_tokens(gen_server: ServerThread) -> None:
                 MODEL, token_ids=prompt, max_tokens=8, temperature=0, ignore_eos=True
             )
             for t in c.token_ids
-        ]  # noqa: E501
+        ]
         (model,) = [m for m in client.info().models if m.name == MODEL]
         assert model.generator.prefix_hit_tokens - hits_before == 48
     assert again == first

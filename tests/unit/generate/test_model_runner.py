@@ -41,9 +41,7 @@ def test_ragged_batch_decodes_like_the_reference(tinylm: Path) -> None:
     new_tokens = 12
     outputs: list[list[int]] = [[] for _ in prompts]
     # Prefill all three at once (ragged), then decode them together.
-    items = [
-        StepItem(str(i), prompt, 0, tables[i]) for i, prompt in enumerate(prompts)
-    ]
+    items = [StepItem(str(i), prompt, 0, tables[i]) for i, prompt in enumerate(prompts)]
     logits = runner.execute(items)
     for i in range(3):
         outputs[i].append(int(logits[str(i)].argmax()))
