@@ -70,6 +70,10 @@ class Request:
     """Order of arrival given by the scheduler: first come, first served."""
     generator: np.random.Generator = field(init=False)
     """This request's own random stream, so other requests in the batch never change it."""
+    seen_token_mask: np.ndarray | None = field(default=None, init=False, repr=False)
+    """bool [V]: tokens in the prompt or output, kept by the sampler for the repetition
+    penalty and brought up to date from `all_token_ids[seen_token_count:]`."""
+    seen_token_count: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
