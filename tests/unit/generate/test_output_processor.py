@@ -1,0 +1,166 @@
+"""The output processor and its merging slots: chunks, stops on text, usage, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from tensord.errors import DeadlineExceededError, UnavailableError
+from tensord.generate.output_processor import OutputProcessor, RequestOutputCollector
+from tensord.generate.outputs import EngineCoreOutput, RequestOutput, TokenLogprob, Usage
+from tensord.generate.request import RequestStatus
+from tests.unit.generate.helpers import make_request
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=280,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(["stop here. STOP there. 東京 😀 café"] * 5, trainer)
+    return tok
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lp(token: int) -> TokenLogprob:
+    return TokenLogprob(token, -0.25, ((token, -0.25),))
+
+
+def test_chunks_merge_while_the_reader_is_away() -> None:
+    slot = RequestOutputCollector()
+    slot.put(RequestOutput("r", 0, [5], "a", [lp(5)]))
+    slot.put(RequestOutput("r", 1, [6, 7], "bc", [lp(6), lp(7)]))
+    usage = Usage(3, 4, 12.0, 2.0)
+    slot.put(RequestOutput("r", 3, [8], "d", [lp(8)], "length", usage))
+    merged = slot.get_nowait()
+    assert merged == RequestOutput(
+        "r", 0, [5, 6, 7, 8], "abcd", [lp(5), lp(6), lp(7), lp(8)], "length", usage
+    )
+    assert slot.get_nowait() is None
+
+
+async def test_a_waiting_reader_wakes_on_the_first_chunk() -> None:
+    slot = RequestOutputCollector()
+    reader = asyncio.create_task(slot.get())
+    await asyncio.sleep(0)
+    assert not reader.done()
+    slot.put(RequestOutput("r", 0, [1], "x"))
+    assert (await asyncio.wait_for(reader, 1)).token_ids == [1]
+    slot.put(RequestOutput("r", 1, [2], "y"))
+    slot.put(RequestOutput("r", 2, [3], "z"))
+    second = await asyncio.wait_for(slot.get(), 1)
+    assert (second.index, second.token_ids, second.text) == (1, [2, 3], "yz")
+
+
+async def test_an_error_comes_after_the_pending_chunk() -> None:
+    slot = RequestOutputCollector()
+    slot.put(RequestOutput("r", 0, [1], "x"))
+    slot.put_error(UnavailableError("the server is draining"))
+    assert (await slot.get()).token_ids == [1]
+    with pytest.raises(UnavailableError, match="draining"):
+        await slot.get()
+    with pytest.raises(UnavailableError):
+        slot.get_nowait()
+
+
+def core(rid: str, token: int, status: RequestStatus | None = None) -> EngineCoreOutput:
+    return EngineCoreOutput(rid, [token], status)
+
+
+def test_stream_text_usage_and_timing(tokenizer: Tokenizer) -> None:
+    clock = Clock()
+    processor = OutputProcessor(tokenizer, clock)
+    request = make_request("r", tokenizer.encode("stop").ids, arrival=99.9, logprobs=1)
+    slot = processor.add_request(request)
+    ids = tokenizer.encode(" 東京 😀").ids
+    chunks = []
+    for n, token in enumerate(ids):
+        clock.now = 100.0 + 0.01 * n
+        last = n == len(ids) - 1
+        status = RequestStatus.FINISHED_LENGTH if last else None
+        output = EngineCoreOutput("r", [token], status, None, [lp(token)])
+        assert processor.process_outputs([output]) == []
+        chunk = slot.get_nowait()
+        assert chunk is not None
+        chunks.append(chunk)
+    assert "".join(c.text for c in chunks) == " 東京 😀"
+    assert [c.index for c in chunks] == list(range(len(ids)))
+    assert [c.token_ids for c in chunks] == [[t] for t in ids]
+    assert chunks[0].logprobs == [lp(ids[0])]
+    assert [c.finish_reason for c in chunks] == [None] * (len(ids) - 1) + ["length"]
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (request.num_prompt_tokens, len(ids))
+    assert usage.time_to_first_token_ms == pytest.approx(100.0)
+    assert usage.mean_inter_token_ms == pytest.approx(10.0)
+    assert processor.request_states == {}
+
+
+def test_a_stop_string_ends_the_request_and_is_not_emitted(tokenizer: Tokenizer) -> None:
+    processor = OutputProcessor(tokenizer, Clock())
+    request = make_request("r", [1], stop=("STOP",))
+    slot = processor.add_request(request)
+    ids = tokenizer.encode("stop here. STOP there.").ids
+    stopped: list[str] = []
+    for token in ids:
+        stopped = processor.process_outputs([core("r", token)])
+        if stopped:
+            break
+    assert stopped == ["r"]
+    chunk = slot.get_nowait()  # everything merged: the reader never came
+    assert chunk is not None
+    assert chunk.text == "stop here. "
+    assert chunk.finish_reason == "stop"
+    assert chunk.usage is not None and chunk.usage.completion_tokens == len(chunk.token_ids)
+    assert chunk.token_ids == ids[: len(chunk.token_ids)]
+    # a late output for the finished request is ignored
+    assert processor.process_outputs([core("r", 5)]) == []
+
+
+def test_a_held_back_stop_prefix_is_released_at_the_end(tokenizer: Tokenizer) -> None:
+    processor = OutputProcessor(tokenizer, Clock())
+    slot = processor.add_request(make_request("r", [1], stop=("here and",)))
+    ids = tokenizer.encode("stop here").ids
+    for token in ids[:-1]:
+        processor.process_outputs([core("r", token)])
+    processor.process_outputs([core("r", ids[-1], RequestStatus.FINISHED_STOPPED)])
+    chunk = slot.get_nowait()
+    assert chunk is not None
+    assert (chunk.text, chunk.finish_reason) == ("stop here", "stop")
+
+
+def test_deadline_drain_and_abort(tokenizer: Tokenizer) -> None:
+    clock = Clock()
+    processor = OutputProcessor(tokenizer, clock)
+    slots = {rid: processor.add_request(make_request(rid, [1], arrival=99.5)) for rid in "abc"}
+    processor.process_outputs([core("a", 10), core("b", 11), core("c", 12)])
+    processor.expire_requests(["a", "zzz"])
+    processor.fail_requests(["b"], UnavailableError("the server is draining"))
+    processor.abort_requests(["c"])
+    assert processor.request_states == {}
+    assert slots["a"].get_nowait() is not None
+    with pytest.raises(DeadlineExceededError) as caught:
+        slots["a"].get_nowait()
+    assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert caught.value.message == "the deadline passed after 500.0 ms, with 1 tokens generated"
+    assert slots["b"].get_nowait() is not None
+    with pytest.raises(UnavailableError):
+        slots["b"].get_nowait()
+    with pytest.raises(ValueError, match="already tracked"):
+        processor.add_request(make_request("d", [1]))
+        processor.add_request(make_request("d", [1]))
