@@ -79,6 +79,16 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
     if mv.executor is not None:
         info.executor = mv.executor.kind
         info.executor_status.CopyFrom(executor_status(mv.executor.stats(), mv.executor.reason))
+    for report in mv.processing:
+        step = info.postprocess if report.kind in ("topk", "nms") else info.preprocess
+        step.CopyFrom(
+            pb.ProcessingStep(
+                kind=report.kind,
+                device=report.device,
+                description=report.description,
+                reason=report.reason,
+            )
+        )
     batching = mv.config.dynamic_batching
     if batching is not None:
         info.dynamic_batching.CopyFrom(
