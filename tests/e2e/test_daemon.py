@@ -32,11 +32,11 @@ def tensorctl(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
 def test_startup_logs_one_line_per_model(daemon: Daemon) -> None:
     events = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
     loaded = {e["model"]: e for e in events if e["event"] == "model.loaded"}
-    assert set(loaded) == {"mlp", "cnn"}
+    assert set(loaded) == {"mlp", "cnn", "classifier"}
     for entry in loaded.values():
         assert {"version", "backend", "provider", "executor", "load_ms"} <= set(entry)
     ready = next(e for e in events if e["event"] == "server.ready")
-    assert ready["ready"] == 2 and ready["failed"] == 0
+    assert ready["ready"] == 3 and ready["failed"] == 0
 
 
 def test_client_and_cli(daemon: Daemon, demo_repo: Path, tmp_path: Path) -> None:
@@ -48,10 +48,10 @@ def test_client_and_cli(daemon: Daemon, demo_repo: Path, tmp_path: Path) -> None
     health = tensorctl(daemon, "health")
     assert health.returncode == 0, health.stderr
     assert health.stdout.splitlines()[0] == "server: SERVING"
-    assert "mlp    1        READY" in health.stdout
+    assert "mlp         1        READY" in health.stdout
 
     info = json.loads(tensorctl(daemon, "--json", "info").stdout)
-    assert sorted(m["name"] for m in info["models"]) == ["cnn", "mlp"]
+    assert sorted(m["name"] for m in info["models"]) == ["classifier", "cnn", "mlp"]
 
     np.save(tmp_path / "x.npy", x)
     written = tensorctl(

@@ -193,7 +193,7 @@ class DeviceProcessedBackend:
             made["classes"], index = self._output((rows, post.k), np.int32)
             made["scores"], value = self._output((rows, post.k), np.float32)
             gpu.softmax_topk(self.kernels, self.stream, logits, post.k, post.softmax, index, value)
-        elif isinstance(post, NmsPlan) and post.boxes in values:
+        elif isinstance(post, NmsPlan) and post.boxes in values and post.scores in values:
             boxes, scores = _as_array(values[post.boxes]), _as_array(values[post.scores])
             n, d = boxes.shape[0], post.settings.max_detections
             made["boxes"], ob = self._output((n, d, 4), np.float32)

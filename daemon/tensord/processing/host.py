@@ -9,8 +9,9 @@ import numpy as np
 
 from tensord.backends.base import Backend, BackendPlacement, TensorSpec
 from tensord.errors import InvalidArgumentError
-from tensord.kernels import classify, image, nms
+from tensord.kernels import classify, image
 from tensord.kernels.nms import NmsSettings
+from tensord.kernels.nms import nms as nms_twin
 from tensord.processing.plan import (
     LETTERBOX_OUTPUT,
     ImagePlan,
@@ -95,9 +96,9 @@ def postprocess_host(
         served["classes"], served["scores"] = classify.softmax_topk(
             outputs[post.model_output], post.k, post.softmax
         )
-    elif isinstance(post, NmsPlan) and post.boxes in outputs:
+    elif isinstance(post, NmsPlan) and post.boxes in outputs and post.scores in outputs:
         names = ("boxes", "scores", "classes", "num_detections")
-        result = nms.nms(outputs[post.boxes], outputs[post.scores], nms_settings(post, geo))
+        result = nms_twin(outputs[post.boxes], outputs[post.scores], nms_settings(post, geo))
         served.update(zip(names, result, strict=True))
     if geo is not None and plan.pre is not None and plan.pre.kind == "letterbox":
         served[LETTERBOX_OUTPUT] = geo.info
