@@ -56,7 +56,10 @@ def test_classifier_top_k_from_uint8_images(
     # An independent expectation: OpenCV's resize, float64 softmax, a sort.
     cv2 = pytest.importorskip("cv2")
     resized = np.stack(
-        [cv2.resize(im.astype(np.float32), (32, 32), interpolation=cv2.INTER_LINEAR) for im in images]
+        [
+            cv2.resize(im.astype(np.float32), (32, 32), interpolation=cv2.INTER_LINEAR)
+            for im in images
+        ]
     )
     normalised = ((resized - np.float32(MEAN)) / np.float32(STD)).transpose(0, 3, 1, 2)
     (ref_logits,) = run_model(model, {"pixels": np.ascontiguousarray(normalised, np.float32)})
@@ -119,8 +122,14 @@ def test_info_says_where_processing_runs(client: Client) -> None:
 @pytest.mark.parametrize(
     ("images", "message"),
     [
-        (np.zeros((1, 8, 8, 4), np.uint8), "input 'image': dimension 3 is 4, but the model expects 3"),
-        (np.zeros((1, 8, 8, 3), np.float32), "input 'image': dtype DATA_TYPE_FLOAT32 does not match"),
+        (
+            np.zeros((1, 8, 8, 4), np.uint8),
+            "input 'image': dimension 3 is 4, but the model expects 3",
+        ),
+        (
+            np.zeros((1, 8, 8, 3), np.float32),
+            "input 'image': dtype DATA_TYPE_FLOAT32 does not match",
+        ),
         (np.zeros((1, 1, 600, 3), np.uint8), "image size 1x600 is outside 1..512 pixels per side"),
         (np.zeros((1, 0, 5, 3), np.uint8), "image size 0x5 is outside 1..512"),
     ],
@@ -130,4 +139,6 @@ def test_bad_images_are_invalid_argument(client: Client, images: np.ndarray, mes
         client.predict("detector", {"image": images})
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in caught.value.details()
-    assert client.predict("detector", {"image": picture(1, 8, 8, 0)})["num_detections"].tolist() == [4]
+    assert client.predict("detector", {"image": picture(1, 8, 8, 0)})[
+        "num_detections"
+    ].tolist() == [4]

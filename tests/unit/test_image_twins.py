@@ -100,22 +100,24 @@ def test_letterbox_pads_and_places_by_hand() -> None:
     norm = Normalisation.from_mean_std((4, 4, 4), (2, 2, 2))
     out, info = letterbox(img, 4, 4, norm, pad_value=114)
     pad = (114 - 4) / 2
-    expected = np.array(
-        [[pad] * 4, [3, 8, 13, 18], [23, 28, 33, 38], [pad] * 4], dtype=np.float32
-    )
+    expected = np.array([[pad] * 4, [3, 8, 13, 18], [23, 28, 33, 38], [pad] * 4], dtype=np.float32)
     for c in range(3):
         np.testing.assert_array_equal(out[0, c], expected)
     np.testing.assert_array_equal(info, [[1, 1, 0, 1]])
 
 
-@pytest.mark.parametrize(("h", "w", "oh", "ow"), [(300, 400, 320, 320), (50, 20, 64, 96), (7, 7, 9, 9)])
+@pytest.mark.parametrize(
+    ("h", "w", "oh", "ow"), [(300, 400, 320, 320), (50, 20, 64, 96), (7, 7, 9, 9)]
+)
 def test_letterbox_matches_opencv(h: int, w: int, oh: int, ow: int) -> None:
     cv2 = pytest.importorskip("cv2")
     img = np.random.default_rng(h + w).integers(0, 256, (1, h, w, 3), dtype=np.uint8)
     out, info = letterbox(img, oh, ow, IDENTITY, pad_value=114, layout="nhwc")
     g = letterbox_geometry(h, w, oh, ow)
     canvas = np.full((oh, ow, 3), 114, dtype=np.float32)
-    region = cv2.resize(img[0].astype(np.float32), (g.new_w, g.new_h), interpolation=cv2.INTER_LINEAR)
+    region = cv2.resize(
+        img[0].astype(np.float32), (g.new_w, g.new_h), interpolation=cv2.INTER_LINEAR
+    )
     canvas[g.off_y : g.off_y + g.new_h, g.off_x : g.off_x + g.new_w] = region
     np.testing.assert_allclose(out[0], canvas, atol=0.02, rtol=0)
     sx, sy, ox, oy = info[0]

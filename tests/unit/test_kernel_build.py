@@ -57,7 +57,7 @@ def test_arch_choice() -> None:
     assert arch_for(9, 0) == "sm_90"
     assert arch_for(8, 0) == "sm_80"
     assert arch_for(8, 6) == "sm_86"
-    with pytest.raises(NvrtcError, match="cannot compile for compute capability 1.0"):
+    with pytest.raises(NvrtcError, match=r"cannot compile for compute capability 1\.0"):
         arch_for(1, 0)
 
 
@@ -65,7 +65,9 @@ def test_cache_compiles_once_then_reads(tmp_path: Path) -> None:
     first = cache.cached_cubin("softmax_topk", "sm_80", tmp_path)
     assert not first.from_cache
     assert first.path.parent == tmp_path / "kernels"
-    assert first.path.name.startswith(f"softmax_topk-sm_80-nvrtc{'.'.join(map(str, nvrtc_version()))}-")
+    assert first.path.name.startswith(
+        f"softmax_topk-sm_80-nvrtc{'.'.join(map(str, nvrtc_version()))}-"
+    )
     second = cache.cached_cubin("softmax_topk", "sm_80", tmp_path)
     assert second.from_cache and second.cubin == first.cubin and second.path == first.path
     other_arch = cache.cached_cubin("softmax_topk", "sm_90", tmp_path)

@@ -137,7 +137,9 @@ def test_nms_matches_a_plain_reference_on_random_detections() -> None:
         assert count[i] == len(kept)
         assert out_classes[i, : len(kept)].tolist() == [k[1] for k in kept]
         np.testing.assert_array_equal(out_boxes[i, : len(kept)], boxes[i, [k[0] for k in kept]])
-        np.testing.assert_array_equal(out_scores[i, : len(kept)], [scores[i, k[0], k[1]] for k in kept])
+        np.testing.assert_array_equal(
+            out_scores[i, : len(kept)], [scores[i, k[0], k[1]] for k in kept]
+        )
 
 
 def test_nms_refuses_bad_shapes() -> None:
@@ -145,5 +147,5 @@ def test_nms_refuses_bad_shapes() -> None:
         nms(BOXES[..., :3], SCORES, NmsSettings())
     with pytest.raises(ValueError, match="scores must be float32"):
         nms(BOXES, SCORES[:, :2], NmsSettings())
-    with pytest.raises(ValueError, match="max_candidates must be 1..2048"):
+    with pytest.raises(ValueError, match=r"max_candidates must be 1\.\.2048"):
         NmsSettings(max_candidates=4096)

@@ -39,9 +39,9 @@ def test_sections_parse_with_defaults(tmp_path: Path) -> None:
         ("[preprocess]\nstd = [1, 0, 1]", "preprocess.std: Value error, std values must be > 0"),
         ("[preprocess]\nmean = [1, 2]", "preprocess.mean: Value error, needs 3 values"),
         ("[preprocess]\npad_value = 0", 'pad_value applies only to kind = "letterbox"'),
-        ("[preprocess]\nkind = \"crop\"", "preprocess.kind: Input should be 'resize' or 'letterbox'"),
+        ('[preprocess]\nkind = "crop"', "preprocess.kind: Input should be 'resize' or 'letterbox'"),
         ("[preprocess]\nsize = [224]", "size is [height, width]"),
-        ("[preprocess]\ncolour = \"rgb\"", "preprocess.colour: unknown key"),
+        ('[preprocess]\ncolour = "rgb"', "preprocess.colour: unknown key"),
         ("[postprocess]\nk = 3", "postprocess: Unable to extract tag using discriminator 'kind'"),
         ('[postprocess]\nkind = "topk"\nk = 0', "postprocess.topk.k: Input should be greater than"),
         ('[postprocess]\nkind = "nms"\nk = 3', "postprocess.nms.k: unknown key"),
@@ -56,7 +56,9 @@ def test_bad_sections_name_the_field(tmp_path: Path, text: str, message: str) ->
 
 
 def test_plan_serves_images_and_top_k() -> None:
-    plan = plan_processing(PreprocessConfig(name="image"), TopKConfig(kind="topk", k=3), PIXELS, LOGITS)
+    plan = plan_processing(
+        PreprocessConfig(name="image"), TopKConfig(kind="topk", k=3), PIXELS, LOGITS
+    )
     assert plan is not None and plan.pre is not None
     assert plan.served_inputs == [TensorSpec("image", DType.UINT8, (-1, -1, -1, 3))]
     assert plan.served_outputs == [

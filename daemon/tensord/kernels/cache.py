@@ -65,7 +65,9 @@ def cached_cubin(family: str, arch: str, directory: Path) -> CachedKernel:
     if compiled.log:
         log.info("kernels.compile_log", family=family, arch=arch, log=compiled.log)
     _store(path, compiled.cubin)
-    log.info("kernels.compiled", family=family, arch=arch, path=str(path), bytes=len(compiled.cubin))
+    log.info(
+        "kernels.compiled", family=family, arch=arch, path=str(path), bytes=len(compiled.cubin)
+    )
     return CachedKernel(family, arch, compiled.cubin, path, False)
 
 

@@ -15,7 +15,11 @@ from typing import Any
 from tensord.kernels.sources import SourceBundle
 
 # --fmad=false: no fused multiply-adds, so every float step rounds as NumPy's does.
-COMPILE_OPTIONS: tuple[str, ...] = ("--fmad=false", "--std=c++17", "--device-as-default-execution-space")
+COMPILE_OPTIONS: tuple[str, ...] = (
+    "--fmad=false",
+    "--std=c++17",
+    "--device-as-default-execution-space",
+)
 
 
 class NvrtcError(RuntimeError):
@@ -102,7 +106,9 @@ def _log(prog: Any) -> str:
     return buffer.rstrip(b"\0 ").decode(errors="replace")
 
 
-def compile_cubin(bundle: SourceBundle, arch: str, options: tuple[str, ...] = COMPILE_OPTIONS) -> Compiled:
+def compile_cubin(
+    bundle: SourceBundle, arch: str, options: tuple[str, ...] = COMPILE_OPTIONS
+) -> Compiled:
     """Compile one family for `arch` (e.g. "sm_90"); NvrtcError with the log on failure."""
     from cuda.bindings import nvrtc
 

@@ -40,7 +40,7 @@ class DeviceArray:
 class _Normalise(ctypes.Structure):
     """struct Normalise in kernels/image_common.cuh."""
 
-    _fields_ = [  # noqa: RUF012 (ctypes reads this class attribute)
+    _fields_ = [
         *((f"mean{c}", ctypes.c_float) for c in range(3)),
         *((f"inv_std{c}", ctypes.c_float) for c in range(3)),
         *((f"src{c}", ctypes.c_int) for c in range(3)),
@@ -79,7 +79,11 @@ def _image_out(images: DeviceArray, out: DeviceArray, layout: Layout) -> tuple[i
 
 
 def resize_normalize(
-    k: DeviceKernels, stream: int, images: DeviceArray, out: DeviceArray, norm: Normalisation,
+    k: DeviceKernels,
+    stream: int,
+    images: DeviceArray,
+    out: DeviceArray,
+    norm: Normalisation,
     layout: Layout = "nchw",
 ) -> None:
     """preprocess.cu on `stream`: images uint8 [N, H, W, 3] -> out (float32/16)."""
@@ -95,8 +99,14 @@ def resize_normalize(
 
 
 def letterbox(
-    k: DeviceKernels, stream: int, images: DeviceArray, out: DeviceArray, norm: Normalisation,
-    geometry: LetterboxGeometry, pad_value: float, layout: Layout = "nchw",
+    k: DeviceKernels,
+    stream: int,
+    images: DeviceArray,
+    out: DeviceArray,
+    norm: Normalisation,
+    geometry: LetterboxGeometry,
+    pad_value: float,
+    layout: Layout = "nchw",
 ) -> None:
     """letterbox.cu on `stream`, with the geometry from image.letterbox_geometry."""
     h, w, out_args = _image_out(images, out, layout)
@@ -112,8 +122,13 @@ def letterbox(
 
 
 def softmax_topk(
-    k: DeviceKernels, stream: int, logits: DeviceArray, top: int, apply_softmax: bool,
-    out_index: DeviceArray, out_value: DeviceArray,
+    k: DeviceKernels,
+    stream: int,
+    logits: DeviceArray,
+    top: int,
+    apply_softmax: bool,
+    out_index: DeviceArray,
+    out_value: DeviceArray,
 ) -> None:
     """softmax_topk.cu on `stream`: logits [rows, cols] -> int32 and float32 [rows, top]."""
     if len(logits.shape) != 2:
@@ -137,8 +152,14 @@ def softmax_topk(
 
 
 def nms(
-    k: DeviceKernels, stream: int, boxes: DeviceArray, scores: DeviceArray, s: NmsSettings,
-    out_boxes: DeviceArray, out_scores: DeviceArray, out_classes: DeviceArray,
+    k: DeviceKernels,
+    stream: int,
+    boxes: DeviceArray,
+    scores: DeviceArray,
+    s: NmsSettings,
+    out_boxes: DeviceArray,
+    out_scores: DeviceArray,
+    out_classes: DeviceArray,
     out_count: DeviceArray,
 ) -> None:
     """nms.cu on `stream`, one block per image."""
@@ -150,7 +171,12 @@ def nms(
     if num_boxes * classes >= 2**32 - 1:
         raise ValueError("NMS takes fewer than 2^32 - 1 (box, class) pairs per image")
     d = s.max_detections
-    expect = [(out_boxes, (n, d, 4)), (out_scores, (n, d)), (out_classes, (n, d)), (out_count, (n,))]
+    expect = [
+        (out_boxes, (n, d, 4)),
+        (out_scores, (n, d)),
+        (out_classes, (n, d)),
+        (out_count, (n,)),
+    ]
     for array, shape in expect:
         if array.shape != shape:
             raise ValueError(f"NMS output of shape {array.shape} should be {shape}")
@@ -171,13 +197,21 @@ def _vector_bytes(row_bytes: int, *ptrs: int) -> int:
     return 1
 
 
-def _kv_check(pool: DeviceArray, tables: DeviceArray, other: DeviceArray, per_seq: list[DeviceArray]) -> None:
+def _kv_check(
+    pool: DeviceArray, tables: DeviceArray, other: DeviceArray, per_seq: list[DeviceArray]
+) -> None:
     if len(pool.shape) != 4 or len(other.shape) != 4 or other.dtype != pool.dtype:
-        raise ValueError(f"pool and tensor must be 4-d of one dtype, got {pool.shape}, {other.shape}")
+        raise ValueError(
+            f"pool and tensor must be 4-d of one dtype, got {pool.shape}, {other.shape}"
+        )
     batch = tables.shape[0]
     if tables.dtype != np.int32 or len(tables.shape) != 2:
         raise ValueError(f"block_tables must be int32 [B, max_blocks], got {tables.shape}")
-    if other.shape[0] != batch or other.shape[1] != pool.shape[1] or other.shape[3] != pool.shape[3]:
+    if (
+        other.shape[0] != batch
+        or other.shape[1] != pool.shape[1]
+        or other.shape[3] != pool.shape[3]
+    ):
         raise ValueError(f"tensor {other.shape} does not match pool {pool.shape} and batch {batch}")
     for array in per_seq:
         if array.dtype != np.int32 or array.shape != (batch,):
@@ -185,8 +219,13 @@ def _kv_check(pool: DeviceArray, tables: DeviceArray, other: DeviceArray, per_se
 
 
 def _kv_launch(
-    k: DeviceKernels, stream: int, op: str, pool: DeviceArray, tensor: DeviceArray,
-    head: list[Arg], tables: DeviceArray,
+    k: DeviceKernels,
+    stream: int,
+    op: str,
+    pool: DeviceArray,
+    tensor: DeviceArray,
+    head: list[Arg],
+    tables: DeviceArray,
 ) -> None:
     nb, h, bs, d = pool.shape
     batch, _, length, _ = tensor.shape
@@ -195,13 +234,26 @@ def _kv_launch(
     if length * vpr >= 2**30:
         raise ValueError("a (sequence, head) row of the tensor is too long for one launch")
     grid = (-(-(length * vpr) // KV_THREADS), min(batch * h, GRID_Y_MAX), 1)
-    args = [*head, i32(batch), i32(h), i32(length), i32(vpr), i32(bs), i32(tables.shape[1]), i32(nb)]
+    args = [
+        *head,
+        i32(batch),
+        i32(h),
+        i32(length),
+        i32(vpr),
+        i32(bs),
+        i32(tables.shape[1]),
+        i32(nb),
+    ]
     k.launch(f"kv_{op}_v{width}", grid, (KV_THREADS, 1, 1), args, stream)
 
 
 def kv_gather(
-    k: DeviceKernels, stream: int, pool: DeviceArray, block_tables: DeviceArray,
-    seq_lens: DeviceArray, out: DeviceArray,
+    k: DeviceKernels,
+    stream: int,
+    pool: DeviceArray,
+    block_tables: DeviceArray,
+    seq_lens: DeviceArray,
+    out: DeviceArray,
 ) -> None:
     """kv_cache.cu gather: the twin's kv_gather(pool, block_tables, seq_lens, out)."""
     _kv_check(pool, block_tables, out, [seq_lens])
@@ -210,8 +262,13 @@ def kv_gather(
 
 
 def kv_scatter(
-    k: DeviceKernels, stream: int, new: DeviceArray, block_tables: DeviceArray,
-    start_pos: DeviceArray, num_new: DeviceArray, pool: DeviceArray,
+    k: DeviceKernels,
+    stream: int,
+    new: DeviceArray,
+    block_tables: DeviceArray,
+    start_pos: DeviceArray,
+    num_new: DeviceArray,
+    pool: DeviceArray,
 ) -> None:
     """kv_cache.cu scatter: the twin's kv_scatter(new, block_tables, start_pos, num_new, pool)."""
     _kv_check(pool, block_tables, new, [start_pos, num_new])

@@ -38,7 +38,9 @@ class Normalisation:
             raise ValueError(f"std values must be > 0, got {std}")
         inv = tuple(float(_ONE / np.float32(s)) for s in std)
         m = tuple(float(np.float32(v)) for v in mean)
-        return cls((m[0], m[1], m[2]), (inv[0], inv[1], inv[2]), (2, 1, 0) if swap_rb else (0, 1, 2))
+        return cls(
+            (m[0], m[1], m[2]), (inv[0], inv[1], inv[2]), (2, 1, 0) if swap_rb else (0, 1, 2)
+        )
 
 
 @dataclass(slots=True, frozen=True)

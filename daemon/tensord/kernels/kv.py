@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def _check_common(pool: np.ndarray, block_tables: np.ndarray, per_seq: dict[str, np.ndarray]) -> None:
+def _check_common(
+    pool: np.ndarray, block_tables: np.ndarray, per_seq: dict[str, np.ndarray]
+) -> None:
     if pool.ndim != 4:
         raise ValueError(f"pool must be [num_blocks, H, block_size, D], got {list(pool.shape)}")
     if block_tables.dtype != np.int32 or block_tables.ndim != 2:
@@ -26,7 +28,9 @@ def _check_common(pool: np.ndarray, block_tables: np.ndarray, per_seq: dict[str,
             )
 
 
-def _blocks(block_tables: np.ndarray, b: int, positions: np.ndarray, bs: int, nb: int) -> np.ndarray:
+def _blocks(
+    block_tables: np.ndarray, b: int, positions: np.ndarray, bs: int, nb: int
+) -> np.ndarray:
     slots = positions // bs
     if slots.size and slots.max() >= block_tables.shape[1]:
         raise ValueError(
@@ -51,8 +55,12 @@ def kv_gather(
     _check_common(pool, block_tables, {"seq_lens": seq_lens})
     nb, h, bs, d = pool.shape
     batch = block_tables.shape[0]
-    if out.dtype != pool.dtype or out.ndim != 4 or out.shape[0] != batch or out.shape[1] != h or (
-        out.shape[3] != d
+    if (
+        out.dtype != pool.dtype
+        or out.ndim != 4
+        or out.shape[0] != batch
+        or out.shape[1] != h
+        or (out.shape[3] != d)
     ):
         raise ValueError(
             f"out must be {pool.dtype} [{batch}, {h}, P_max, {d}], got {out.dtype} "
@@ -83,8 +91,12 @@ def kv_scatter(
     _check_common(pool, block_tables, {"start_pos": start_pos, "num_new": num_new})
     nb, h, bs, d = pool.shape
     batch = block_tables.shape[0]
-    if new.dtype != pool.dtype or new.ndim != 4 or new.shape[0] != batch or new.shape[1] != h or (
-        new.shape[3] != d
+    if (
+        new.dtype != pool.dtype
+        or new.ndim != 4
+        or new.shape[0] != batch
+        or new.shape[1] != h
+        or (new.shape[3] != d)
     ):
         raise ValueError(
             f"new must be {pool.dtype} [{batch}, {h}, T_max, {d}], got {new.dtype} "

@@ -27,7 +27,9 @@ class KernelFamily:
 FAMILIES: dict[str, KernelFamily] = {
     family.name: family
     for family in (
-        KernelFamily("preprocess", "preprocess.cu", ("resize_normalize_f32", "resize_normalize_f16")),
+        KernelFamily(
+            "preprocess", "preprocess.cu", ("resize_normalize_f32", "resize_normalize_f16")
+        ),
         KernelFamily("letterbox", "letterbox.cu", ("letterbox_f32", "letterbox_f16")),
         KernelFamily("softmax_topk", "softmax_topk.cu", ("softmax_topk_f32", "softmax_topk_f16")),
         KernelFamily("nms", "nms.cu", ("nms_per_class",)),

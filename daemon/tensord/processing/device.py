@@ -9,6 +9,7 @@ executor copies those back. Everything is queued on the lane's stream, in order.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +104,8 @@ class DeviceProcessedBackend:
         self.pool = DevicePool()
         self._pending: list[Callable[[], None]] = []
         self._taken: list[CudaBuffer] = []
+        self._held: list[Any] = []
+        """Consumed model outputs and host arrays still read by queued copies."""
         reason = f"CUDA kernels ({self.kernels.describe()}) on the lane's stream"
         self.processing = []
         if plan.pre is not None:
@@ -113,7 +116,9 @@ class DeviceProcessedBackend:
             kind = "topk" if isinstance(plan.post, TopKPlan) else "nms"
             self.processing.append(ProcessingReport(kind, "cuda", plan.post.describe(), reason))
 
-    def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         raise InternalError("GPU processing runs only on the CUDA executor")
 
     def _take(self, shape: tuple[int, ...], dtype: np.dtype) -> CudaBuffer:
@@ -122,12 +127,15 @@ class DeviceProcessedBackend:
         self._taken.append(buffer)
         return buffer
 
-    def run_device(self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]) -> list[Any]:
+    def run_device(
+        self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]
+    ) -> list[Any]:
         """Preprocess, run, postprocess on the lane's stream; served outputs in order."""
         # The executor synchronised the stream after the previous batch: its scratch is free.
         for release in self._pending:
             release()
         self._pending.clear()
+        self._held.clear()
         self._taken = []
         try:
             return self._run(inputs, output_names)
@@ -153,9 +161,8 @@ class DeviceProcessedBackend:
         served.update(made)
         # Scratch (the model input, consumed model outputs) lives until the next batch.
         scratch = [b for b in self._taken if all(b.ptr != m.ptr for m in made.values())]
-        self._pending.extend(lambda b=b: self.pool.release(b) for b in scratch)
-        consumed = [v for n, v in values.items() if n not in self.plan.passthrough]
-        self._pending.append(lambda kept=consumed: kept.clear())
+        self._pending.extend(functools.partial(self.pool.release, b) for b in scratch)
+        self._held.extend(v for n, v in values.items() if n not in self.plan.passthrough)
         self._taken = []
         return [served[name] for name in output_names]
 
@@ -171,7 +178,9 @@ class DeviceProcessedBackend:
         src = DeviceArray(images.ptr, tuple(images.shape), np.dtype(np.uint8))
         if pre.kind == "letterbox":
             geo = letterbox_geometry(h, w, pre.height, pre.width)
-            gpu.letterbox(self.kernels, self.stream, src, out, pre.norm, geo, pre.pad_value, pre.layout)
+            gpu.letterbox(
+                self.kernels, self.stream, src, out, pre.norm, geo, pre.pad_value, pre.layout
+            )
         else:
             gpu.resize_normalize(self.kernels, self.stream, src, out, pre.norm, pre.layout)
         onnx_type = ONNX_TYPES[dtypes.from_numpy(pre.dtype)]
@@ -184,7 +193,9 @@ class DeviceProcessedBackend:
         out = DeviceOutput(buffer.ptr, shape, dt, [lambda: self.pool.release(buffer)])
         return out, DeviceArray(buffer.ptr, shape, dt)
 
-    def _postprocess(self, values: Mapping[str, Any], geo: ImageGeometry | None) -> dict[str, DeviceOutput]:
+    def _postprocess(
+        self, values: Mapping[str, Any], geo: ImageGeometry | None
+    ) -> dict[str, DeviceOutput]:
         made: dict[str, DeviceOutput] = {}
         post = self.plan.post
         if isinstance(post, TopKPlan) and post.model_output in values:
@@ -213,7 +224,7 @@ class DeviceProcessedBackend:
                     ),
                     "cudaMemcpyAsync H2D (letterbox)",
                 )  # fmt: skip
-                self._pending.append(lambda kept=info: None)  # the host copy outlives the transfer
+                self._held.append(info)  # the host copy outlives the transfer
         return made
 
     def close(self) -> None:
@@ -221,5 +232,6 @@ class DeviceProcessedBackend:
         for release in self._pending:
             release()
         self._pending.clear()
+        self._held.clear()
         self.pool.clear()
         self.inner.close()

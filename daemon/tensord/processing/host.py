@@ -45,7 +45,9 @@ def check_batch(plan: ImagePlan, shape: tuple[int, ...]) -> None:
     """INVALID_ARGUMENT unless the images are [N, H, W, 3] with 1 <= H, W <= the limit."""
     name = plan.served.name
     if len(shape) != 4 or shape[3] != 3:
-        raise InvalidArgumentError(f"input {name!r}: images must be uint8 [N, H, W, 3], got {list(shape)}")
+        raise InvalidArgumentError(
+            f"input {name!r}: images must be uint8 [N, H, W, 3], got {list(shape)}"
+        )
     _, h, w, _ = shape
     if not (1 <= h <= plan.max_image_size and 1 <= w <= plan.max_image_size):
         raise InvalidArgumentError(
@@ -71,7 +73,9 @@ def preprocess_host(plan: ImagePlan, images: np.ndarray) -> np.ndarray:
             images, plan.height, plan.width, plan.norm, plan.pad_value, plan.dtype, plan.layout
         )
         return out
-    return image.resize_normalize(images, plan.height, plan.width, plan.norm, plan.dtype, plan.layout)
+    return image.resize_normalize(
+        images, plan.height, plan.width, plan.norm, plan.dtype, plan.layout
+    )
 
 
 def nms_settings(plan: NmsPlan, geo: ImageGeometry | None) -> NmsSettings:
@@ -127,7 +131,9 @@ class HostProcessedBackend:
         self.placement: BackendPlacement = inner.placement
         self.processing = host_reports(plan, reason)
 
-    def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
         """Preprocess, run the model, postprocess; outputs in the order asked for."""
         feeds = dict(inputs)
         geo = None

@@ -18,7 +18,10 @@ from tensord.processing.config import NmsConfig, PreprocessConfig, TopKConfig
 LETTERBOX_OUTPUT = "letterbox"
 TOPK_OUTPUTS = ("classes", "scores")
 NMS_OUTPUTS = ("boxes", "scores", "classes", "num_detections")
-_FLOATS = {DType.FLOAT32: np.dtype(np.float32), DType.FLOAT16: np.dtype(np.float16)}
+_FLOATS: dict[DType, np.dtype] = {
+    DType.FLOAT32: np.dtype(np.float32),
+    DType.FLOAT16: np.dtype(np.float16),
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,7 +52,8 @@ class ImagePlan:
         return (
             f"{self.kind} uint8 HWC -> {self.dtype.name} {self.layout.upper()} "
             f"{self.height}x{self.width} (bilinear, half-pixel centres{pad}), {order}, "
-            f"mean {[round(v, 4) for v in self.norm.mean]}, 1/std {[round(v, 6) for v in self.norm.inv_std]}"
+            f"mean {[round(v, 4) for v in self.norm.mean]}, "
+            f"1/std {[round(v, 6) for v in self.norm.inv_std]}"
         )
 
 
@@ -104,7 +108,9 @@ class ProcessingPlan:
         post = self.post
         produced = {s.name for s in self.served_outputs} - self.passthrough - {LETTERBOX_OUTPUT}
         if post is not None and any(n in produced for n in served_names):
-            needed = [post.model_output] if isinstance(post, TopKPlan) else [post.boxes, post.scores]
+            needed = (
+                [post.model_output] if isinstance(post, TopKPlan) else [post.boxes, post.scores]
+            )
             names += [n for n in needed if n not in names]
         return names or [self.model_output_names[0]]  # a run computes at least one output
 
@@ -113,10 +119,14 @@ def _only(specs: Sequence[TensorSpec], given: str | None, what: str, key: str) -
     by_name = {s.name: s for s in specs}
     if given is not None:
         if given not in by_name:
-            raise ModelLoadError(f"{key}: the model has no {what} {given!r}; it has {sorted(by_name)}")
+            raise ModelLoadError(
+                f"{key}: the model has no {what} {given!r}; it has {sorted(by_name)}"
+            )
         return by_name[given]
     if len(specs) != 1:
-        raise ModelLoadError(f"{key}: the model has {len(specs)} {what}s {sorted(by_name)}; name one")
+        raise ModelLoadError(
+            f"{key}: the model has {len(specs)} {what}s {sorted(by_name)}; name one"
+        )
     return specs[0]
 
 
@@ -149,7 +159,9 @@ def plan_image(config: PreprocessConfig, inputs: Sequence[TensorSpec]) -> ImageP
     )  # fmt: skip
 
 
-def _plan_topk(config: TopKConfig, outputs: Sequence[TensorSpec]) -> tuple[TopKPlan, list[TensorSpec]]:
+def _plan_topk(
+    config: TopKConfig, outputs: Sequence[TensorSpec]
+) -> tuple[TopKPlan, list[TensorSpec]]:
     spec = _only(outputs, config.output, "output", "postprocess.output")
     where = f"postprocess: model output {spec.name!r} {spec.dtype.name.lower()} {list(spec.shape)}"
     if spec.dtype not in _FLOATS or len(spec.shape) != 2:
@@ -168,8 +180,10 @@ def _plan_nms(config: NmsConfig, outputs: Sequence[TensorSpec]) -> tuple[NmsPlan
     boxes = _only(outputs, config.boxes, "output", "postprocess.boxes")
     scores = _only(outputs, config.scores, "output", "postprocess.scores")
     for spec, last in ((boxes, 4), (scores, None)):
-        if spec.dtype is not DType.FLOAT32 or len(spec.shape) != 3 or (
-            last is not None and spec.shape[2] not in (-1, last)
+        if (
+            spec.dtype is not DType.FLOAT32
+            or len(spec.shape) != 3
+            or (last is not None and spec.shape[2] not in (-1, last))
         ):
             raise ModelLoadError(
                 f"postprocess: model output {spec.name!r} {spec.dtype.name.lower()} "

@@ -27,7 +27,7 @@ def with_processing(backend: Backend, config: ModelConfig, where: DeviceOptions)
         if where.cuda_stream is not None and hasattr(backend, "run_device"):
             from tensord.processing.device import DeviceProcessedBackend
 
-            return DeviceProcessedBackend(backend, plan, where)  # type: ignore[return-value]
+            return DeviceProcessedBackend(backend, plan, where)
         from tensord.processing.host import HostProcessedBackend
 
         provider = backend.placement.provider
@@ -38,7 +38,9 @@ def with_processing(backend: Backend, config: ModelConfig, where: DeviceOptions)
         raise
 
 
-def served_signature(backend: Any, config: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def served_signature(
+    backend: Any, config: ModelConfig
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The inputs and outputs Predict serves: the processed ones, or the model's own
     narrowed by model.toml's overrides."""
     plan = getattr(backend, "plan", None)
