@@ -82,6 +82,57 @@ def build_two_outputs(path: Path) -> Path:
     return _save(graph, path)
 
 
+DETECTOR_BOXES = np.array(
+    [[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [0, 0, 10, 10]], dtype=np.float32
+)
+DETECTOR_SCORES = np.array([[0.9, 0.1], [0.8, 0.7], [0.3, 0.2], [0.9, 0.05]], dtype=np.float32)
+DETECTOR_TOML = """max_batch_size = 8
+
+[preprocess]
+kind = "letterbox"
+name = "image"
+std = [255, 255, 255]
+max_image_size = 512
+
+[postprocess]
+kind = "nms"
+score_threshold = 0.15
+iou_threshold = 0.5
+max_detections = 5
+"""
+
+
+def build_detector(path: Path) -> Path:
+    """pixels float32 [batch, 3, 64, 64] -> boxes [batch, 4, 4] and scores [batch, 4, 2]
+    (fixed values whose NMS result is known by hand), and input_echo (the pixels)."""
+    zero = helper.make_node("ReduceMean", ["pixels"], ["mean"], axes=[1, 2, 3], keepdims=0)
+    nodes = [
+        zero,
+        helper.make_node("Mul", ["mean", "zero"], ["nothing"]),
+        helper.make_node("Unsqueeze", ["nothing", "axes12"], ["nothing3"]),
+        helper.make_node("Add", ["nothing3", "box_values"], ["boxes"]),
+        helper.make_node("Add", ["nothing3", "score_values"], ["scores"]),
+        helper.make_node("Identity", ["pixels"], ["input_echo"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "detector",
+        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 3, 64, 64])],
+        [
+            helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["batch", 4, 4]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4, 2]),
+            helper.make_tensor_value_info("input_echo", TensorProto.FLOAT, ["batch", 3, 64, 64]),
+        ],
+        [
+            numpy_helper.from_array(np.array(0, np.float32), "zero"),
+            numpy_helper.from_array(np.array([1, 2], np.int64), "axes12"),
+            numpy_helper.from_array(DETECTOR_BOXES[None], "box_values"),
+            numpy_helper.from_array(DETECTOR_SCORES[None], "score_values"),
+        ],
+    )
+    return _save(graph, path)
+
+
 def build_test_repository(root: Path) -> Path:
     """The demo models plus identity models, a slow model, two-output model, a corrupt one."""
     build_demo_repository(root)
@@ -104,6 +155,8 @@ def build_test_repository(root: Path) -> Path:
             f"max_batch_size = 32\n[dynamic_batching]\nmax_queue_delay_microseconds = {delay_us}\n"
             f"preferred_batch_size = {preferred}\n"
         )
+    build_detector(root / "detector" / "1" / "model.onnx")
+    (root / "detector" / "model.toml").write_text(DETECTOR_TOML)
     broken = root / "broken" / "1" / "model.onnx"
     broken.parent.mkdir(parents=True, exist_ok=True)
     broken.write_bytes(b"this is not an ONNX file")

@@ -3,6 +3,9 @@
 mlp   input  float32 [-1, 512] -> 1024 -> 1024 -> 1024 (Gemm+Relu) -> Gemm -> output [-1, 10]
 cnn   image  uint8 [-1, 3, 32, 32] (NCHW) -> /255 -> conv-relu-pool x2 -> Gemm -> softmax
       -> probabilities float32 [-1, 10]
+classifier  pixels float32 [-1, 3, 32, 32] (normalised NCHW) -> conv-relu-pool x2 -> Gemm
+      -> logits [-1, 10]; its model.toml serves it as uint8 HWC images of any size in
+      (resized and normalised by [preprocess]) and the top 3 classes out ([postprocess])
 tinylm  a Llama-style decoder that streams tokens (tensord.generate.demo_model), in Hugging
       Face Optimum's layout and with no model.toml: served as it is
 """
@@ -107,17 +110,67 @@ def build_cnn(seed: int = 1) -> onnx.ModelProto:
     return _finish(graph, "tensord demo CNN: uint8 NCHW 3x32x32 images -> 10 class probabilities")
 
 
+def build_classifier(seed: int = 2) -> onnx.ModelProto:
+    """A small classifier over normalised float32 NCHW 3x32x32 images, returning logits."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        _init(rng, "c1_w", (8, 3, 3, 3), 27),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "c1_b"),
+        _init(rng, "c2_w", (16, 8, 3, 3), 72),
+        numpy_helper.from_array(rng.normal(0, 0.1, 16).astype(np.float32), "c2_b"),
+        _init(rng, "fc_w", (16 * 8 * 8, 10), 16 * 8 * 8),
+        numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "fc_b"),
+    ]
+    conv: dict[str, Any] = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    pool: dict[str, Any] = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    nodes = [
+        helper.make_node("Conv", ["pixels", "c1_w", "c1_b"], ["x1"], **conv),
+        helper.make_node("Relu", ["x1"], ["x2"]),
+        helper.make_node("MaxPool", ["x2"], ["x3"], **pool),
+        helper.make_node("Conv", ["x3", "c2_w", "c2_b"], ["x4"], **conv),
+        helper.make_node("Relu", ["x4"], ["x5"]),
+        helper.make_node("MaxPool", ["x5"], ["x6"], **pool),
+        helper.make_node("Flatten", ["x6"], ["x7"], axis=1),
+        helper.make_node("Gemm", ["x7", "fc_w", "fc_b"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "classifier",
+        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        inits,
+    )
+    return _finish(graph, "tensord demo classifier: normalised NCHW 3x32x32 -> 10 logits")
+
+
 _MODEL_TOML = {
     "mlp": "max_batch_size = 128\n",
     "cnn": "max_batch_size = 64\n",
+    "classifier": """max_batch_size = 64
+
+# Predict takes uint8 HWC RGB images of any size as "image" [N, H, W, 3]: they are resized
+# to the model's 32x32 (bilinear, half-pixel centres) and normalised with ImageNet's mean
+# and std, on the GPU when the model runs there, else with the NumPy twins.
+[preprocess]
+kind = "resize"
+name = "image"
+mean = [123.675, 116.28, 103.53]
+std = [58.395, 57.12, 57.375]
+
+# Predict returns "classes" int32 [N, 3] and "scores" float32 [N, 3] (softmax
+# probabilities) instead of the logits.
+[postprocess]
+kind = "topk"
+k = 3
+""",
 }
 
 
 def build_demo_repository(root: Path, *, force: bool = False) -> list[Path]:
-    """Write mlp/, cnn/ (version 1 each) and tinylm/ under `root`; skip models that exist
+    """Write mlp/, cnn/, classifier/ (version 1 each) and tinylm/ under `root`; skip models that exist
     unless forced."""
     written = []
-    for name, build in (("mlp", build_mlp), ("cnn", build_cnn)):
+    for name, build in (("mlp", build_mlp), ("cnn", build_cnn), ("classifier", build_classifier)):
         model_dir = root / name
         path = model_dir / "1" / "model.onnx"
         if path.exists() and not force:

@@ -32,7 +32,7 @@ def tensorctl(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
 def test_startup_logs_one_line_per_model(daemon: Daemon) -> None:
     events = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
     loaded = {e["model"]: e for e in events if e["event"] == "model.loaded"}
-    assert set(loaded) == {"mlp", "cnn", "tinylm"}
+    assert set(loaded) == {"mlp", "cnn", "classifier", "tinylm"}
     for entry in loaded.values():
         assert {"version", "backend", "provider", "executor", "load_ms"} <= set(entry)
     ready = next(e for e in events if e["event"] == "server.ready")
@@ -51,7 +51,7 @@ def test_client_and_cli(daemon: Daemon, demo_repo: Path, tmp_path: Path) -> None
     assert ["mlp", "1", "READY"] in [line.split() for line in health.stdout.splitlines()]
 
     info = json.loads(tensorctl(daemon, "--json", "info").stdout)
-    assert sorted(m["name"] for m in info["models"]) == ["cnn", "mlp", "tinylm"]
+    assert sorted(m["name"] for m in info["models"]) == ["classifier", "cnn", "mlp", "tinylm"]
 
     np.save(tmp_path / "x.npy", x)
     written = tensorctl(

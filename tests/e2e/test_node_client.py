@@ -100,6 +100,7 @@ def test_health_reports_serving(node: Path, daemon: Daemon, tmp_path: Path) -> N
     reply = json.loads(result.stdout)
     assert reply["status"] == "SERVING_STATUS_SERVING"
     assert {(m["name"], m["state"]) for m in reply["models"]} == {
+        ("classifier", "MODEL_STATE_READY"),
         ("cnn", "MODEL_STATE_READY"),
         ("mlp", "MODEL_STATE_READY"),
     }

@@ -38,7 +38,7 @@ CASES: list[tuple[str, pb.PredictRequest, Code, str]] = [
         "unknown model",
         pb.PredictRequest(model="nope", inputs=[good_input()]),
         Code.NOT_FOUND,
-        "model 'nope' not found; models: broken, cnn,",
+        "model 'nope' not found; models: broken, classifier, cnn,",
     ),
     (
         "unknown version",
@@ -181,11 +181,11 @@ def test_message_over_the_limit(stub: pb_grpc.InferenceServiceStub) -> None:
     assert_still_serving(stub)
 
 
-def test_generate_is_unimplemented(stub: pb_grpc.InferenceServiceStub) -> None:
+def test_generate_on_a_predict_model(stub: pb_grpc.InferenceServiceStub) -> None:
     with pytest.raises(grpc.RpcError) as info:
         list(stub.Generate(pb.GenerateRequest(model="mlp", prompt="hi"), timeout=30))
-    assert info.value.code() == Code.UNIMPLEMENTED
-    assert "Generate is not available" in info.value.details()
+    assert info.value.code() == Code.FAILED_PRECONDITION
+    assert "'mlp' is a predict model" in info.value.details()
     with pytest.raises(grpc.RpcError) as info:
         list(stub.Generate(pb.GenerateRequest(model="nope", prompt="hi"), timeout=30))
     assert info.value.code() == Code.NOT_FOUND

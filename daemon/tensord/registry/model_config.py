@@ -20,6 +20,7 @@ from tensord.backends.providers import normalise_provider
 from tensord.config import format_validation_error
 from tensord.errors import ModelLoadError
 from tensord.registry.generator_config import GeneratorConfig
+from tensord.processing.config import PostprocessConfig, PreprocessConfig
 
 MODEL_TOML = "model.toml"
 
@@ -157,6 +158,10 @@ class ModelConfig(BaseModel):
     """Overrides for inputs."""
     outputs: list[TensorOverride] = Field(default_factory=list)
     """Overrides for outputs."""
+    preprocess: PreprocessConfig | None = None
+    """Serve raw uint8 images for one input, resized and normalised on the way in."""
+    postprocess: PostprocessConfig | None = None
+    """Serve top-k classes or boxes after NMS instead of the raw outputs they come from."""
 
     @model_validator(mode="after")
     def _check_kind(self) -> ModelConfig:

@@ -21,9 +21,11 @@ from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
 from tensord.executor.base import Executor
 from tensord.executor.select import build_executor, build_tensorrt_executor
 from tensord.executor.split import run_splitting_on_oom
+from tensord.processing.host import ProcessingReport
+from tensord.processing.wrap import served_signature, with_processing
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.repository import VersionSource, scan_repository
-from tensord.registry.signature import apply_overrides, check_batching
+from tensord.registry.signature import check_batching
 
 if TYPE_CHECKING:
     from tensord.generate.engine import GenerationEngine
@@ -56,6 +58,8 @@ class ModelVersion:
     load_time_s: float = 0.0
     executor: Executor | None = None
     batcher: DynamicBatcher | None = None
+    processing: list[ProcessingReport] = field(default_factory=list)
+    """Pre- and postprocessing steps, and whether kernels or twins run them."""
     engine: GenerationEngine | None = None
     """The generation engine, for a generator (kind "generator")."""
 
@@ -141,7 +145,7 @@ class ModelRegistry:
             return
 
         def make(where: DeviceOptions) -> Backend:
-            return self._factory(entry.path, config, where)
+            return with_processing(self._factory(entry.path, config, where), config, where)
 
         if config.backend == "tensorrt":
             executor, backend = build_tensorrt_executor(
@@ -162,8 +166,7 @@ class ModelRegistry:
                 backend.close()
                 raise
         try:
-            entry.inputs = apply_overrides(backend.inputs, entry.config.inputs, "inputs")
-            entry.outputs = apply_overrides(backend.outputs, entry.config.outputs, "outputs")
+            entry.inputs, entry.outputs = served_signature(backend, entry.config)
             check_batching(entry.config, [*entry.inputs, *entry.outputs])
             if entry.config.warmup:
                 _warm_up(executor, entry)
@@ -171,6 +174,7 @@ class ModelRegistry:
             executor.close()  # the executor owns its backend sessions
             raise
         entry.executor, entry.placement = executor, backend.placement
+        entry.processing = list(getattr(backend, "processing", []))
 
     @staticmethod
     def _log_loaded(entry: ModelVersion) -> None:
@@ -190,6 +194,7 @@ class ModelRegistry:
                 provider_reason=p.provider_reason,
                 executor_reason=entry.executor.reason if entry.executor else None,
                 batching=entry.config.dynamic_batching is not None,
+                processing=[f"{r.kind}:{r.device}" for r in entry.processing] or None,
             )
         else:
             log.error("model.failed", **fields, reason=entry.reason)

@@ -175,6 +175,16 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
     if mv.engine is not None:
         info.executor = "cpu"  # the engine's steps run on the host (see model_runner.py)
         info.generator.CopyFrom(generator_status(mv.engine, mv.engine.stats()))
+    for report in mv.processing:
+        step = info.postprocess if report.kind in ("topk", "nms") else info.preprocess
+        step.CopyFrom(
+            pb.ProcessingStep(
+                kind=report.kind,
+                device=report.device,
+                description=report.description,
+                reason=report.reason,
+            )
+        )
     batching = mv.config.dynamic_batching
     if batching is not None:
         info.dynamic_batching.CopyFrom(

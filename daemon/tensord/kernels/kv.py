@@ -1,0 +1,115 @@
+"""NumPy twins of kv_cache.cu: the paged KV cache's gather and scatter.
+
+Layout (shared with the generation engine): per layer, a key pool and a value pool, each
+pool[num_blocks, H_kv, block_size, D]; block j of a sequence's block table holds its
+positions [j * block_size, (j + 1) * block_size); -1 marks an unused table entry.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check_common(
+    pool: np.ndarray, block_tables: np.ndarray, per_seq: dict[str, np.ndarray]
+) -> None:
+    if pool.ndim != 4:
+        raise ValueError(f"pool must be [num_blocks, H, block_size, D], got {list(pool.shape)}")
+    if block_tables.dtype != np.int32 or block_tables.ndim != 2:
+        raise ValueError(
+            f"block_tables must be int32 [B, max_blocks], got {block_tables.dtype} "
+            f"{list(block_tables.shape)}"
+        )
+    for name, array in per_seq.items():
+        if array.dtype != np.int32 or array.shape != (block_tables.shape[0],):
+            raise ValueError(
+                f"{name} must be int32 [{block_tables.shape[0]}], got {array.dtype} "
+                f"{list(array.shape)}"
+            )
+
+
+def _blocks(
+    block_tables: np.ndarray, b: int, positions: np.ndarray, bs: int, nb: int
+) -> np.ndarray:
+    slots = positions // bs
+    if slots.size and slots.max() >= block_tables.shape[1]:
+        raise ValueError(
+            f"sequence {b}: position {int(positions.max())} needs block table entry "
+            f"{int(slots.max())}, but the table has {block_tables.shape[1]}"
+        )
+    ids = block_tables[b, slots]
+    bad = (ids < 0) | (ids >= nb)
+    if bad.any():
+        raise ValueError(
+            f"sequence {b}: block table entry {int(slots[bad][0])} is {int(ids[bad][0])}, "
+            f"not a block of the pool (0..{nb - 1})"
+        )
+    return ids
+
+
+def kv_gather(
+    pool: np.ndarray, block_tables: np.ndarray, seq_lens: np.ndarray, out: np.ndarray
+) -> np.ndarray:
+    """out[b, :, t, :] = pool[block_tables[b, t // bs], :, t % bs, :] for t < seq_lens[b],
+    0 for seq_lens[b] <= t < P_max. Writes into out [B, H, P_max, D] and returns it."""
+    _check_common(pool, block_tables, {"seq_lens": seq_lens})
+    nb, h, bs, d = pool.shape
+    batch = block_tables.shape[0]
+    if (
+        out.dtype != pool.dtype
+        or out.ndim != 4
+        or out.shape[0] != batch
+        or out.shape[1] != h
+        or (out.shape[3] != d)
+    ):
+        raise ValueError(
+            f"out must be {pool.dtype} [{batch}, {h}, P_max, {d}], got {out.dtype} "
+            f"{list(out.shape)}"
+        )
+    p_max = out.shape[2]
+    if seq_lens.size and (seq_lens.min() < 0 or seq_lens.max() > p_max):
+        raise ValueError(f"seq_lens must be within 0..{p_max} (P_max), got {seq_lens.tolist()}")
+    for b in range(batch):
+        n = int(seq_lens[b])
+        t = np.arange(n)
+        ids = _blocks(block_tables, b, t, bs, nb)
+        out[b, :, :n, :] = pool[ids, :, t % bs, :].transpose(1, 0, 2)
+        out[b, :, n:, :] = 0
+    return out
+
+
+def kv_scatter(
+    new: np.ndarray,
+    block_tables: np.ndarray,
+    start_pos: np.ndarray,
+    num_new: np.ndarray,
+    pool: np.ndarray,
+) -> np.ndarray:
+    """For t < num_new[b]: p = start_pos[b] + t;
+    pool[block_tables[b, p // bs], :, p % bs, :] = new[b, :, t, :]. Writes into pool and
+    returns it."""
+    _check_common(pool, block_tables, {"start_pos": start_pos, "num_new": num_new})
+    nb, h, bs, d = pool.shape
+    batch = block_tables.shape[0]
+    if (
+        new.dtype != pool.dtype
+        or new.ndim != 4
+        or new.shape[0] != batch
+        or new.shape[1] != h
+        or (new.shape[3] != d)
+    ):
+        raise ValueError(
+            f"new must be {pool.dtype} [{batch}, {h}, T_max, {d}], got {new.dtype} "
+            f"{list(new.shape)}"
+        )
+    t_max = new.shape[2]
+    if num_new.size and (num_new.min() < 0 or num_new.max() > t_max):
+        raise ValueError(f"num_new must be within 0..{t_max} (T_max), got {num_new.tolist()}")
+    if start_pos.size and start_pos.min() < 0:
+        raise ValueError(f"start_pos must be >= 0, got {start_pos.tolist()}")
+    for b in range(batch):
+        n = int(num_new[b])
+        p = int(start_pos[b]) + np.arange(n)
+        ids = _blocks(block_tables, b, p, bs, nb)
+        pool[ids, :, p % bs, :] = new[b, :, :n, :].transpose(1, 0, 2)
+    return pool
