@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from tensord.errors import DeadlineExceededError, TensordError
+from tensord.errors import DeadlineExceededError, InternalError, TensordError
 from tensord.generate.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from tensord.generate.outputs import EngineCoreOutput, RequestOutput, Usage
-from tensord.generate.request import Request
+from tensord.generate.request import Request, RequestStatus
 
 
 class RequestOutputCollector:
@@ -132,6 +132,9 @@ class OutputProcessor:
             state = self.request_states.get(output.request_id)
             if state is None:
                 continue  # aborted while the step ran
+            if output.finish_status is not None and output.finish_status.finish_reason is None:
+                self.fail_requests([state.request_id], _abnormal_end(output.finish_status))
+                continue
             chunk = self._chunk(state, output, now)
             if chunk.finished:
                 del self.request_states[state.request_id]
@@ -193,3 +196,10 @@ class OutputProcessor:
         if finish_reason is not None:
             chunk.usage = state.usage()
         return chunk
+
+
+def _abnormal_end(status: RequestStatus) -> TensordError:
+    """The stream error for an end that is neither a stop nor a length."""
+    if status == RequestStatus.FINISHED_DEADLINE:
+        return DeadlineExceededError("the deadline passed while the request was generating")
+    return InternalError(f"generation ended with {status.name}")

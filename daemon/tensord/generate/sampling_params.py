@@ -46,21 +46,21 @@ class GenerationDefaults:
 
     @classmethod
     def from_generation_config(cls, config: Mapping[str, Any]) -> GenerationDefaults:
-        """Read a parsed generation_config.json; unknown keys are ignored."""
-        eos = config.get("eos_token_id")
-        if eos is None:
-            eos_ids: tuple[int, ...] = ()
-        elif isinstance(eos, int):
-            eos_ids = (eos,)
-        else:
-            eos_ids = tuple(int(e) for e in eos)
-        max_new = config.get("max_new_tokens")
-        max_length = config.get("max_length")
+        """Read a parsed generation_config.json; unknown keys and nulls are ignored."""
+
+        def get(key: str, default: Any) -> Any:
+            value = config.get(key)
+            return default if value is None else value
+
+        eos = get("eos_token_id", ())
+        eos_ids = (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
+        max_new = get("max_new_tokens", 0)
+        max_length = get("max_length", 0)
         return cls(
-            temperature=float(config.get("temperature", 1.0)),
-            top_k=int(config.get("top_k", 0) or 0),
-            top_p=float(config.get("top_p", 1.0)),
-            repetition_penalty=float(config.get("repetition_penalty", 1.0)),
+            temperature=float(get("temperature", 1.0)),
+            top_k=int(get("top_k", 0)),
+            top_p=float(get("top_p", 1.0)),
+            repetition_penalty=float(get("repetition_penalty", 1.0)),
             max_new_tokens=int(max_new) if max_new else None,
             max_length=int(max_length) if max_length else None,
             eos_token_ids=eos_ids,

@@ -185,7 +185,8 @@ class Scheduler:
         """Record a finished step: computed tokens, sampled tokens, token-level stops.
 
         Requests finished while the step ran (aborted) are skipped. Returns one output per
-        request that got a token this step.
+        request that got a token this step, and a FINISHED_ERROR output for a request that
+        should have got one but is missing from `sampled_token_ids`.
         """
         outputs = []
         for item in scheduler_output.scheduled:
@@ -194,8 +195,12 @@ class Scheduler:
                 continue
             request.num_computed_tokens = item.seq_len
             self.kv_cache_manager.cache_blocks(request)
-            token = sampled_token_ids.get(item.request_id) if item.sample else None
-            if token is None:
+            if not item.sample:
+                continue
+            token = sampled_token_ids.get(item.request_id)
+            if token is None:  # the runner lost this row: end it rather than stall it
+                self._finish(request, RequestStatus.FINISHED_ERROR)
+                outputs.append(EngineCoreOutput(item.request_id, [], RequestStatus.FINISHED_ERROR))
                 continue
             request.append_output_token(int(token))
             status = self._check_stop(request, int(token))

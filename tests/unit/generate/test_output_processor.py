@@ -8,7 +8,7 @@ import grpc
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tensord.errors import DeadlineExceededError, UnavailableError
+from tensord.errors import DeadlineExceededError, InternalError, UnavailableError
 from tensord.generate.output_processor import OutputProcessor, RequestOutputCollector
 from tensord.generate.outputs import EngineCoreOutput, RequestOutput, TokenLogprob, Usage
 from tensord.generate.request import RequestStatus
@@ -164,3 +164,20 @@ def test_deadline_drain_and_abort(tokenizer: Tokenizer) -> None:
     with pytest.raises(ValueError, match="already tracked"):
         processor.add_request(make_request("d", [1]))
         processor.add_request(make_request("d", [1]))
+
+
+def test_abnormal_ends_from_the_engine_become_stream_errors(tokenizer: Tokenizer) -> None:
+    processor = OutputProcessor(tokenizer, Clock())
+    error_slot = processor.add_request(make_request("e", [1]))
+    late_slot = processor.add_request(make_request("d", [1]))
+    processor.process_outputs(
+        [
+            EngineCoreOutput("e", [], RequestStatus.FINISHED_ERROR),
+            EngineCoreOutput("d", [], RequestStatus.FINISHED_DEADLINE),
+        ]
+    )
+    with pytest.raises(InternalError, match="generation ended with FINISHED_ERROR"):
+        error_slot.get_nowait()
+    with pytest.raises(DeadlineExceededError):
+        late_slot.get_nowait()
+    assert processor.request_states == {}

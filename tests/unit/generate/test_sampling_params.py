@@ -35,6 +35,8 @@ def test_generation_config_fills_what_the_request_leaves_out() -> None:
 def test_defaults_for_an_empty_generation_config() -> None:
     defaults = GenerationDefaults.from_generation_config({"eos_token_id": 50256})
     assert defaults == GenerationDefaults(eos_token_ids=(50256,))
+    nulls = {"temperature": None, "top_k": None, "max_new_tokens": None, "eos_token_id": None}
+    assert GenerationDefaults.from_generation_config(nulls) == GenerationDefaults()
     resolved = SamplingParams().resolve(defaults, prompt_len=3, max_model_len=16)
     assert (resolved.temperature, resolved.top_k, resolved.top_p) == (1.0, 0, 1.0)
 

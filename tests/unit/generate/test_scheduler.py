@@ -381,3 +381,18 @@ def check_tables(scheduler: Scheduler, output: SchedulerOutput) -> None:
             if len(owners[block]) > 1:
                 first = owners[block][0]
                 assert first.all_token_ids[: 4 * (j + 1)] == request.all_token_ids[: 4 * (j + 1)]
+
+
+def test_a_request_the_runner_gave_no_token_ends_with_an_error() -> None:
+    scheduler = make()
+    scheduler.add_request(make_request("a", tokens(1, 6)))
+    scheduler.add_request(make_request("b", tokens(20, 6)))
+    output = scheduler.schedule(0.0)
+    outputs = scheduler.update_from_output(output, {"b": 7})
+    assert outputs == [
+        EngineCoreOutput("a", [], RequestStatus.FINISHED_ERROR),
+        EngineCoreOutput("b", [7], None),
+    ]
+    assert refs(scheduler)[:4] == [0, 0, 1, 1]
+    assert scheduler.abort(["b"]) == ["b"]
+    assert_idle(scheduler)
