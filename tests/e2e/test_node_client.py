@@ -102,6 +102,7 @@ def test_health_reports_serving(node: Path, daemon: Daemon, tmp_path: Path) -> N
     assert {(m["name"], m["state"]) for m in reply["models"]} == {
         ("cnn", "MODEL_STATE_READY"),
         ("mlp", "MODEL_STATE_READY"),
+        ("tinylm", "MODEL_STATE_READY"),
     }
 
 
