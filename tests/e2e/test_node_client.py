@@ -103,6 +103,7 @@ def test_health_reports_serving(node: Path, daemon: Daemon, tmp_path: Path) -> N
         ("classifier", "MODEL_STATE_READY"),
         ("cnn", "MODEL_STATE_READY"),
         ("mlp", "MODEL_STATE_READY"),
+        ("tinylm", "MODEL_STATE_READY"),
     }
 
 
