@@ -36,7 +36,7 @@ def test_startup_logs_one_line_per_model(daemon: Daemon) -> None:
     for entry in loaded.values():
         assert {"version", "backend", "provider", "executor", "load_ms"} <= set(entry)
     ready = next(e for e in events if e["event"] == "server.ready")
-    assert ready["ready"] == 3 and ready["failed"] == 0
+    assert ready["ready"] == 4 and ready["failed"] == 0
 
 
 def test_client_and_cli(daemon: Daemon, demo_repo: Path, tmp_path: Path) -> None:
