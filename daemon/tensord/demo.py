@@ -167,8 +167,8 @@ k = 3
 
 
 def build_demo_repository(root: Path, *, force: bool = False) -> list[Path]:
-    """Write mlp/, cnn/, classifier/ (version 1 each) and tinylm/ under `root`; skip models that exist
-    unless forced."""
+    """Write mlp/, cnn/, classifier/ (version 1 each) and tinylm/ under `root`; skip models
+    that exist unless forced."""
     written = []
     for name, build in (("mlp", build_mlp), ("cnn", build_cnn), ("classifier", build_classifier)):
         model_dir = root / name

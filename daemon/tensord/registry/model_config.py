@@ -19,8 +19,8 @@ from tensord import dtypes
 from tensord.backends.providers import normalise_provider
 from tensord.config import format_validation_error
 from tensord.errors import ModelLoadError
-from tensord.registry.generator_config import GeneratorConfig
 from tensord.processing.config import PostprocessConfig, PreprocessConfig
+from tensord.registry.generator_config import GeneratorConfig
 
 MODEL_TOML = "model.toml"
 
