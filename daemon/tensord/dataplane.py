@@ -6,13 +6,14 @@ The same data plane could serve another transport; nothing here knows protobuf.
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from tensord import __version__
 from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
-from tensord.errors import UnavailableError, UnimplementedError
+from tensord.errors import DeviceLostError, UnavailableError, UnimplementedError
 from tensord.executor.split import run_splitting_on_oom
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.registry import ModelRegistry, ModelState, ModelVersion
@@ -69,6 +70,8 @@ class DataPlane:
         self.registry = registry
         self.serving = False
         """True once the models are loaded, False again while draining."""
+        self.on_device_lost: Callable[[DeviceLostError], None] = lambda exc: None
+        """Called when a run meets a sticky device error (the server restarts)."""
 
     async def predict(self, call: PredictCall) -> PredictResult:
         """Validate against the signature, queue, run, and return the asked-for outputs."""
@@ -81,10 +84,19 @@ class DataPlane:
             raise UnavailableError(
                 f"model {entry.name!r} version {entry.version} is {entry.state.name}"
             )
-        if entry.batcher is not None:
-            result = await entry.batcher.submit(inputs, names, call.deadline)
-        else:
-            result = await run_splitting_on_oom(executor.run, [inputs], names, call.deadline)
+        # Counted from here, before the first await: a reload frees a swapped-out version
+        # only after the requests it holds have finished.
+        with entry.inflight:
+            try:
+                if entry.batcher is not None:
+                    result = await entry.batcher.submit(inputs, names, call.deadline)
+                else:
+                    result = await run_splitting_on_oom(
+                        executor.run, [inputs], names, call.deadline
+                    )
+            except DeviceLostError as exc:
+                self.on_device_lost(exc)
+                raise
         return PredictResult(
             entry.name,
             entry.version,

@@ -10,11 +10,34 @@ repository/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensord.errors import ModelLoadError
 from tensord.registry.model_config import ModelConfig, read_model_config
+
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+def fingerprint(directory: Path) -> Fingerprint:
+    """What a reload compares to tell whether a version's files changed.
+
+    Each regular file under `directory` (model.toml aside: its settings are compared as
+    settings) with its size, modification time and inode, so an edited file, a copied-over
+    file and a file replaced by rename all count as changes. Stat only: no file is read.
+    """
+    entries = []
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory).as_posix()
+        if rel == "model.toml":
+            continue
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # vanished while scanning: the next reload sees the new state
+        if path.is_file():
+            entries.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(entries)
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,6 +49,8 @@ class VersionSource:
     path: Path
     config: ModelConfig
     error: str = ""
+    fingerprint: Fingerprint = field(default=(), compare=False)
+    """Every file of the version: (relative path, size, mtime_ns, inode); see fingerprint()."""
 
 
 def scan_repository(root: Path) -> list[VersionSource]:
@@ -70,5 +95,5 @@ def _scan_model(model_dir: Path) -> list[VersionSource]:
             continue
         path = directory / config.model_file
         error = "" if path.is_file() else f"{path} does not exist"
-        sources.append(VersionSource(name, version, path, config, error))
+        sources.append(VersionSource(name, version, path, config, error, fingerprint(directory)))
     return sources
