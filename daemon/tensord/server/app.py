@@ -163,7 +163,7 @@ class TensordServer:
                 added=models.added if models else None,
                 changed=models.changed if models else None,
                 removed=models.removed if models else None,
-                failed=models.failed if models else None,
+                load_failed=models.failed if models else None,
                 **self.model_counts(),
             )
             await self._sync_health()
