@@ -105,6 +105,8 @@ class TensordServer:
             if self.watchdog is not None:
                 self._server.add_insecure_port(self.watchdog.address)
         except RuntimeError as exc:
+            if self.watchdog is not None:
+                self.watchdog.close()
             raise OSError(f"cannot listen on {listen}: {exc}") from None
         await self._server.start()
         log.info("server.listening", listen=listen, port=self.port, version=__version__)
