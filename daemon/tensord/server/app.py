@@ -120,7 +120,7 @@ class TensordServer:
         await self.registry.load_all()
         if self.watchdog is not None:
             self.watchdog.start()
-        if self._stop_requested.is_set():  # a device was lost while loading
+        if self._stop_requested.is_set():  # SIGTERM, or a device lost, while loading
             return self.port
         self.dataplane.serving = True
         await self._sync_health()
