@@ -1,6 +1,6 @@
-"""The watchdog on a real server: WATCHDOG=1 at half of WATCHDOG_USEC (1 s here) while the gRPC server
-answers its Health probe, and none once the server stops answering, though the event loop
-still runs."""
+"""The watchdog on a real server: WATCHDOG=1 at half of WATCHDOG_USEC (1 s here) while the
+gRPC server answers its Health probe, and none once the server stops answering, though the
+event loop still runs."""
 
 from __future__ import annotations
 
