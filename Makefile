@@ -10,8 +10,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 DEMO_REPO ?= build/demo-models
 ARGS ?=
+SOAK_ARGS ?=
 
-.PHONY: setup setup-gpu proto demo serve test bench bench-gpu lint npm-deps clean help
+.PHONY: setup setup-gpu proto demo serve test bench bench-soak bench-gpu lint npm-deps systemd-tools clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
@@ -19,7 +20,8 @@ help:
 	@echo "make setup      virtualenv with the CPU dependency set (onnxruntime)"
 	@echo "make setup-gpu  virtualenv with the GPU dependency set (onnxruntime-gpu)"
 	@echo "make proto      regenerate the Python stubs from protos/"
-	@echo "make bench      run the Predict benchmark (writes benchmarks/results/)"
+	@echo "make bench      run the Predict and Generate benchmarks and the soak run (writes benchmarks/results/)"
+	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
 	@echo "make lint       ruff and mypy"
 
@@ -67,6 +69,16 @@ clients/node/node_modules/.installed: clients/node/package.json clients/node/pac
 
 npm-deps: protos/node_modules/.installed clients/node/node_modules/.installed
 
+# systemd-analyze, systemd-sysusers and systemd-tmpfiles check the files in systemd/
+# (Debian's `systemd` package; the tests need no running systemd). Installed as root when
+# missing; otherwise those tests skip, or fail under CI=true.
+systemd-tools:
+	@command -v systemd-analyze >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq --no-install-recommends systemd; \
+		else echo "systemd-analyze is missing: apt-get install systemd (as root)"; fi; }
+
 $(DEMO_REPO)/.built: $(SETUP_STAMP) daemon/tensord/demo.py $(wildcard daemon/tensord/generate/demo_*.py)
 	$(VENV)/bin/tensord demo-repo --force $(DEMO_REPO)
 	touch $@
@@ -76,11 +88,16 @@ demo: $(DEMO_REPO)/.built
 serve: $(SETUP_STAMP) demo
 	$(VENV)/bin/tensord serve --model-repository $(DEMO_REPO) $(ARGS)
 
-test: $(SETUP_STAMP) $(VENV)/.setup-export npm-deps
+test: $(SETUP_STAMP) $(VENV)/.setup-export npm-deps systemd-tools
 	$(PY) -m pytest $(ARGS)
 
 bench: $(SETUP_STAMP) demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)
+	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)
+
+bench-soak: $(SETUP_STAMP) demo
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)
 
 # The kernel benchmark says so and exits 0 on a host without a GPU; gpu_bench.py stops there.
 bench-gpu: $(SETUP_STAMP)

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import use_venv  # noqa: F401  (re-runs under .venv when needed)
+import use_venv
 from generate_limit import measure_limit, sample_prompts
 from machine import machine_info
 from procs import ProcessGroup, exit_on_signals
@@ -63,7 +63,9 @@ class StreamPoint:
     ratio: float = 0.0
 
 
-async def _one(client: AsyncClient, prompt: list[int], new_tokens: int) -> tuple[float, list[float], int]:
+async def _one(
+    client: AsyncClient, prompt: list[int], new_tokens: int
+) -> tuple[float, list[float], int]:
     """(time to first token, per-token gaps, tokens) of one streamed request."""
     sent = time.perf_counter()
     previous = sent

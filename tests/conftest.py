@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,8 +33,10 @@ def test_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class ServerThread:
     """A real TensordServer on 127.0.0.1:0, running its own event loop on a thread."""
 
-    def __init__(self, config: TensordConfig) -> None:
+    def __init__(self, config: TensordConfig, **options: Any) -> None:
         self.config = config
+        self.options = options
+        """Keyword arguments for TensordServer (backend_factory, config_loader)."""
         self.loop = asyncio.new_event_loop()
         self.server: TensordServer | None = None
         self.port = 0
@@ -45,7 +48,7 @@ class ServerThread:
         asyncio.set_event_loop(self.loop)
 
         async def start() -> None:
-            self.server = TensordServer(self.config)
+            self.server = TensordServer(self.config, **self.options)
             self.port = await self.server.start()
 
         try:

@@ -1,4 +1,4 @@
-"""External tools the tests drive (buf, node): found, or failed under CI, or skipped."""
+"""External tools the tests drive (buf, node, systemd): found, or failed under CI, or skipped."""
 
 from __future__ import annotations
 
@@ -27,3 +27,9 @@ def buf() -> Path:
     found = shutil.which("buf")
     candidate = local if local.exists() else (Path(found) if found else None)
     return require_tool(candidate, "buf", "make npm-deps")
+
+
+def systemd_tool(name: str) -> Path:
+    """systemd-analyze, systemd-sysusers or systemd-tmpfiles (Debian's `systemd` package)."""
+    found = shutil.which(name)
+    return require_tool(Path(found) if found else None, name, "make systemd-tools")

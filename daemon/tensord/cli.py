@@ -48,16 +48,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(config.server.log_format, config.server.log_level)
     sys.setswitchinterval(config.server.switch_interval_us / 1e6)
     try:
-        asyncio.run(_serve(TensordServer, config))
+        return asyncio.run(_serve(TensordServer, config, lambda: _config_from(args)))
     except (OSError, ModelLoadError) as exc:
         print(f"tensord: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
-async def _serve(server_cls: Any, config: Any) -> None:
+async def _serve(server_cls: Any, config: Any, config_loader: Any = None) -> int:
     # The grpc.aio server binds to the loop it is created in: create it inside the loop.
-    await server_cls(config).serve_until_signal()
+    # On SIGHUP the server calls config_loader to read the file, variables and flags again.
+    return int(await server_cls(config, config_loader=config_loader).serve_until_signal())
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import platform
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from tensord import __version__
 from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
-from tensord.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from tensord.errors import (
+    DeviceLostError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
 from tensord.executor.split import run_splitting_on_oom
+from tensord.generate.model_dir import GeneratorDirectory
 from tensord.generate.outputs import RequestOutput
 from tensord.generate.sampling_params import SamplingParams
 from tensord.predict.validation import check_inputs, check_output_names
@@ -82,6 +88,25 @@ class ServerInfo:
     models: list[ModelVersion]
 
 
+async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory) -> list[int]:
+    """The prompt as token ids: given, or tokenised (long texts on a worker thread)."""
+    if call.prompt and call.prompt_token_ids:
+        raise InvalidArgumentError("set one of prompt and prompt_token_ids, not both")
+    if not call.prompt and not call.prompt_token_ids:
+        raise InvalidArgumentError("the prompt is empty: set prompt (text) or prompt_token_ids")
+    if call.prompt_token_ids:
+        vocab = directory.spec.vocab_size
+        bad = [t for t in call.prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidArgumentError(
+                f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})"
+            )
+        return call.prompt_token_ids
+    if len(call.prompt) > _INLINE_TOKENIZE_CHARS:
+        return await asyncio.to_thread(directory.encode_prompt, call.prompt)
+    return directory.encode_prompt(call.prompt)
+
+
 class DataPlane:
     """Predict, Generate, Health and Info over a model registry."""
 
@@ -89,6 +114,8 @@ class DataPlane:
         self.registry = registry
         self.serving = False
         """True once the models are loaded, False again while draining."""
+        self.on_device_lost: Callable[[DeviceLostError], None] = lambda exc: None
+        """Called when a run meets a sticky device error (the server restarts)."""
 
     async def predict(self, call: PredictCall) -> PredictResult:
         """Validate against the signature, queue, run, and return the asked-for outputs."""
@@ -106,10 +133,19 @@ class DataPlane:
             raise UnavailableError(
                 f"model {entry.name!r} version {entry.version} is {entry.state.name}"
             )
-        if entry.batcher is not None:
-            result = await entry.batcher.submit(inputs, names, call.deadline)
-        else:
-            result = await run_splitting_on_oom(executor.run, [inputs], names, call.deadline)
+        # Counted from here, before the first await: a reload frees a swapped-out version
+        # only after the requests it holds have finished.
+        with entry.inflight:
+            try:
+                if entry.batcher is not None:
+                    result = await entry.batcher.submit(inputs, names, call.deadline)
+                else:
+                    result = await run_splitting_on_oom(
+                        executor.run, [inputs], names, call.deadline
+                    )
+            except DeviceLostError as exc:
+                self.on_device_lost(exc)
+                raise
         return PredictResult(
             entry.name,
             entry.version,
@@ -129,25 +165,14 @@ class DataPlane:
                 "generator: call Predict, or Generate on a generator model (Info lists each "
                 "model's kind)"
             )
-        directory = engine.directory
-        if call.prompt and call.prompt_token_ids:
-            raise InvalidArgumentError("set one of prompt and prompt_token_ids, not both")
-        if not call.prompt and not call.prompt_token_ids:
-            raise InvalidArgumentError("the prompt is empty: set prompt (text) or prompt_token_ids")
-        if call.prompt_token_ids:
-            vocab = directory.spec.vocab_size
-            bad = [t for t in call.prompt_token_ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidArgumentError(
-                    f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})"
-                )
-            ids = call.prompt_token_ids
-        elif len(call.prompt) > _INLINE_TOKENIZE_CHARS:
-            ids = await asyncio.to_thread(directory.encode_prompt, call.prompt)
-        else:
-            ids = directory.encode_prompt(call.prompt)
-        async for chunk in engine.generate(ids, call.sampling, call.deadline):
-            yield chunk
+        ids = await _prompt_ids(call, engine.directory)
+        with entry.inflight:  # a reload frees a swapped-out version once its streams end
+            try:
+                async for chunk in engine.generate(ids, call.sampling, call.deadline):
+                    yield chunk
+            except DeviceLostError as exc:
+                self.on_device_lost(exc)
+                raise
 
     def health(self, model: str = "") -> HealthReport:
         """Serving state and every version, or one model's versions (NOT_FOUND if unknown)."""

@@ -82,6 +82,14 @@ class InternalError(TensordError):
     code = grpc.StatusCode.INTERNAL
 
 
+class DeviceLostError(InternalError):
+    """A sticky device failure: the CUDA context is unusable until the process restarts.
+
+    The request that met it fails INTERNAL; the server then turns health NOT_SERVING,
+    drains and exits non-zero so that systemd starts a fresh process.
+    """
+
+
 class OutOfMemoryError(ResourceExhaustedError):
     """The device (or host) ran out of memory for a batch, even after splitting it."""
 

@@ -14,7 +14,8 @@ from tensord import dtypes
 from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
 from tensord.backends.providers import explain_actual, plan_providers
 from tensord.dtypes import DType
-from tensord.errors import InternalError, ModelLoadError, OutOfMemoryError
+from tensord.errors import DeviceLostError, InternalError, ModelLoadError, OutOfMemoryError
+from tensord.executor.device_fault import sticky_error_in
 from tensord.registry.model_config import ModelConfig
 
 # Azure's provider calls a remote endpoint instead of running the graph here.
@@ -133,10 +134,7 @@ class OnnxRuntimeBackend:
                 return self._run_ort_values(inputs, output_names)
             return self._session.run(list(output_names), dict(inputs))
         except Exception as exc:
-            text = str(exc)
-            if any(marker in text for marker in _OOM_MARKERS):
-                raise OutOfMemoryError(f"out of memory running the batch: {text}") from exc
-            raise InternalError(f"ONNX Runtime run failed: {text}") from exc
+            raise _run_error(exc) from exc
 
     def run_device(
         self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]
@@ -156,10 +154,7 @@ class OnnxRuntimeBackend:
         try:
             self._session.run_with_iobinding(binding)
         except Exception as exc:
-            text = str(exc)
-            if any(marker in text for marker in _OOM_MARKERS):
-                raise OutOfMemoryError(f"out of memory running the batch: {text}") from exc
-            raise InternalError(f"ONNX Runtime run failed: {text}") from exc
+            raise _run_error(exc) from exc
         return list(binding.get_outputs())
 
     def _run_ort_values(
@@ -181,3 +176,14 @@ class OnnxRuntimeBackend:
     def close(self) -> None:
         """Drop the session; ONNX Runtime frees its memory when the last reference goes."""
         self._session = None
+
+
+def _run_error(exc: Exception) -> Exception:
+    """ONNX Runtime's exception as a typed one: out of memory, a lost device, or INTERNAL."""
+    text = str(exc)
+    if any(marker in text for marker in _OOM_MARKERS):
+        return OutOfMemoryError(f"out of memory running the batch: {text}")
+    sticky = sticky_error_in(text)
+    if sticky is not None:
+        return DeviceLostError(f"ONNX Runtime run failed with {sticky} (context lost): {text}")
+    return InternalError(f"ONNX Runtime run failed: {text}")

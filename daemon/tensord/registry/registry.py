@@ -17,14 +17,16 @@ import structlog
 from tensord.backends.base import Backend, BackendPlacement, DeviceOptions, TensorSpec
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.dtypes import DType
-from tensord.errors import ModelLoadError, NotFoundError, UnavailableError
+from tensord.errors import DeviceLostError, ModelLoadError, NotFoundError, UnavailableError
 from tensord.executor.base import Executor
 from tensord.executor.select import build_executor, build_tensorrt_executor
 from tensord.executor.split import run_splitting_on_oom
 from tensord.processing.host import ProcessingReport
 from tensord.processing.wrap import served_signature, with_processing
+from tensord.registry.changes import RepositoryChanges, label, plan_reload
+from tensord.registry.inflight import InflightCounter
 from tensord.registry.model_config import ModelConfig
-from tensord.registry.repository import VersionSource, scan_repository
+from tensord.registry.repository import Fingerprint, VersionSource, scan_repository
 from tensord.registry.signature import check_batching
 
 if TYPE_CHECKING:
@@ -62,11 +64,20 @@ class ModelVersion:
     """Pre- and postprocessing steps, and whether kernels or twins run them."""
     engine: GenerationEngine | None = None
     """The generation engine, for a generator (kind "generator")."""
+    fingerprint: Fingerprint = ()
+    """The version's files when it was loaded (a reload compares them)."""
+    inflight: InflightCounter = field(default_factory=InflightCounter)
+    """Requests running on it; it is freed only once they finish."""
 
     @property
     def kind(self) -> str:
         """ "predict" or "generator"."""
         return self.config.kind or "predict"
+
+    @classmethod
+    def from_source(cls, src: VersionSource) -> ModelVersion:
+        """A LOADING entry for a version found on disk."""
+        return cls(src.name, src.version, src.path, src.config, fingerprint=src.fingerprint)
 
 
 BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
@@ -98,6 +109,9 @@ class ModelRegistry:
         self._factory = backend_factory
         self._on_change = on_change or (lambda: None)
         self._models: dict[str, dict[int, ModelVersion]] = {}
+        self._retiring: dict[asyncio.Task[None], ModelVersion] = {}
+        self.on_device_lost: Callable[[DeviceLostError], None] = lambda exc: None
+        """Called when a load meets a sticky device error (the server restarts)."""
 
     def versions(self) -> list[ModelVersion]:
         """Every model version, by name then version."""
@@ -110,22 +124,27 @@ class ModelRegistry:
     async def load_all(self) -> None:
         """Scan the repository and load every version concurrently on worker threads."""
         sources = await asyncio.to_thread(scan_repository, self.repository)
-        for src in sources:
-            entry = ModelVersion(src.name, src.version, src.path, src.config)
-            self._models.setdefault(src.name, {})[src.version] = entry
+        entries = [ModelVersion.from_source(src) for src in sources]
+        for entry in entries:
+            self._models.setdefault(entry.name, {})[entry.version] = entry
         self._on_change()
-        await asyncio.gather(*(self._load(src) for src in sources))
+        await asyncio.gather(
+            *(self._load(entry, src.error) for entry, src in zip(entries, sources, strict=True))
+        )
 
-    async def _load(self, src: VersionSource) -> None:
-        entry = self._models[src.name][src.version]
+    async def _load(self, entry: ModelVersion, error: str = "") -> None:
+        """Load one entry (in the registry or not yet) and set its state: READY or FAILED."""
         start = time.monotonic()
         try:
-            if src.error:
-                raise ModelLoadError(src.error)
+            if error:
+                raise ModelLoadError(error)
             await asyncio.to_thread(self._load_blocking, entry)
             entry.batcher = _make_batcher(entry)
         except ModelLoadError as exc:
             entry.state, entry.reason = ModelState.FAILED, str(exc)
+        except DeviceLostError as exc:
+            entry.state, entry.reason = ModelState.FAILED, str(exc)
+            self.on_device_lost(exc)
         except Exception as exc:  # a model must never take the daemon down
             entry.state, entry.reason = ModelState.FAILED, f"unexpected load error: {exc!r}"
         else:
@@ -133,6 +152,81 @@ class ModelRegistry:
         entry.load_time_s = time.monotonic() - start
         self._log_loaded(entry)
         self._on_change()
+
+    async def reload(self, repository: Path | None = None) -> RepositoryChanges:
+        """Scan again; load new and changed versions, unload removed ones.
+
+        A changed version loads beside the one serving, which keeps answering until the new
+        one is READY and is freed after its running requests finish; if the new one fails,
+        the old one stays. A removed version turns UNLOADING (new requests go to another
+        version or get UNAVAILABLE), finishes what it runs, then disappears.
+        """
+        if repository is not None:
+            self.repository = repository
+        sources = await asyncio.to_thread(scan_repository, self.repository)
+        plan = plan_reload(self._models, sources)
+        changes = RepositoryChanges(unchanged=plan.unchanged)
+        added = [ModelVersion.from_source(src) for src in plan.added]
+        for entry in added:
+            self._models.setdefault(entry.name, {})[entry.version] = entry
+        for entry in plan.removed:
+            entry.state = ModelState.UNLOADING
+            changes.removed.append(label(entry.name, entry.version))
+            self._retire(entry, remove=True)
+        self._on_change()
+        loads = [self._load(entry, src.error) for entry, src in zip(added, plan.added, strict=True)]
+        await asyncio.gather(
+            *loads, *(self._replace(src, old, changes) for src, old in plan.changed)
+        )
+        for entry in added:
+            target = changes.added if entry.state is ModelState.READY else changes.failed
+            target.append(label(entry.name, entry.version))
+        return changes
+
+    async def _replace(
+        self, src: VersionSource, old: ModelVersion, changes: RepositoryChanges
+    ) -> None:
+        """Load a changed version beside the old one and swap them once it is READY."""
+        new = ModelVersion.from_source(src)
+        serving = old.state is ModelState.READY
+        if not serving:  # nothing to keep: show the new attempt as LOADING at once
+            self._models[src.name][src.version] = new
+            self._on_change()
+        await self._load(new, src.error)
+        name = label(src.name, src.version)
+        if new.state is not ModelState.READY and serving:
+            log.error(
+                "model.reload_failed",
+                model=src.name,
+                version=src.version,
+                reason=new.reason,
+                kept="the version loaded before",
+            )
+            changes.failed.append(name)
+            return
+        self._models[src.name][src.version] = new
+        (changes.changed if new.state is ModelState.READY else changes.failed).append(name)
+        self._on_change()
+        if serving:
+            self._retire(old, remove=False)
+
+    def _retire(self, entry: ModelVersion, *, remove: bool) -> None:
+        task = asyncio.get_running_loop().create_task(self._unload(entry, remove))
+        self._retiring[task] = entry
+        task.add_done_callback(lambda done: self._retiring.pop(done, None))
+
+    async def _unload(self, entry: ModelVersion, remove: bool) -> None:
+        """Free a version once its running requests have finished."""
+        await entry.inflight.wait_idle()
+        if remove:
+            versions = self._models.get(entry.name, {})
+            if versions.get(entry.version) is entry:
+                del versions[entry.version]
+                if not versions:
+                    del self._models[entry.name]
+            self._on_change()
+        await _free(entry)
+        log.info("model.unloaded", model=entry.name, version=entry.version, replaced=not remove)
 
     def _load_blocking(self, entry: ModelVersion) -> None:
         config = entry.config
@@ -227,17 +321,31 @@ class ModelRegistry:
         return ready[-1]
 
     async def close(self) -> None:
-        """Mark every version UNLOADING, then free the backends."""
+        """Mark every version UNLOADING, then free the backends (and any being retired)."""
         for entry in self.versions():
             entry.state = ModelState.UNLOADING
         self._on_change()
-        for entry in self.versions():
-            if entry.batcher is not None:
-                await entry.batcher.close()
-            if entry.executor is not None:
-                entry.executor.close()
-            if entry.engine is not None:
-                await asyncio.to_thread(entry.engine.close)
+        retiring = dict(self._retiring)
+        for task in retiring:
+            task.cancel()
+        await asyncio.gather(*retiring, return_exceptions=True)
+        for entry in [*retiring.values(), *self.versions()]:
+            await _free(entry)
+
+
+async def _free(entry: ModelVersion) -> None:
+    """Close a version's batcher, executor (which owns its backend sessions) and generation
+    engine (which ends its streams with UNAVAILABLE).
+
+    Idempotent: the entry lets go of both first."""
+    batcher, executor, engine = entry.batcher, entry.executor, entry.engine
+    entry.batcher = entry.executor = entry.engine = None
+    if batcher is not None:
+        await batcher.close()
+    if executor is not None:
+        executor.close()
+    if engine is not None:
+        await asyncio.to_thread(engine.close)
 
 
 def _not_ready(entry: ModelVersion) -> str:
@@ -276,6 +384,8 @@ def _warm_up(executor: Executor, entry: ModelVersion) -> None:
             feeds[spec.name] = np.zeros(shape, dtype=spec.dtype.numpy)
     try:
         executor.run_blocking(feeds, [spec.name for spec in entry.outputs])
+    except DeviceLostError:
+        raise
     except Exception as exc:
         raise ModelLoadError(
             f"warm-up run on zeros failed: {exc}; set warmup = false in model.toml if the "

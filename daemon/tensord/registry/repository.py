@@ -14,7 +14,7 @@ repository/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensord.errors import ModelLoadError
@@ -23,6 +23,29 @@ from tensord.registry.model_config import ModelConfig, ModelKind, read_model_con
 
 # Beside the model file, these make a directory a generator (tensord.generate.model_dir).
 GENERATOR_MARKERS = ("config.json", "tokenizer.json")
+
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+def fingerprint(directory: Path) -> Fingerprint:
+    """What a reload compares to tell whether a version's files changed.
+
+    Each regular file under `directory` (model.toml aside: its settings are compared as
+    settings) with its size, modification time and inode, so an edited file, a copied-over
+    file and a file replaced by rename all count as changes. Stat only: no file is read.
+    """
+    entries = []
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory).as_posix()
+        if rel == "model.toml":
+            continue
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # vanished while scanning: the next reload sees the new state
+        if path.is_file():
+            entries.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(entries)
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,6 +57,8 @@ class VersionSource:
     path: Path
     config: ModelConfig
     error: str = ""
+    fingerprint: Fingerprint = field(default=(), compare=False)
+    """Every file of the version: (relative path, size, mtime_ns, inode); see fingerprint()."""
 
     @property
     def kind(self) -> ModelKind:
@@ -91,7 +116,7 @@ def _scan_model(model_dir: Path) -> list[VersionSource]:
         error = "" if path.is_file() else f"{path} does not exist"
         if not error and config.kind == "generator":
             error = _generator_problem(directory, config.model_file)
-        sources.append(VersionSource(name, version, path, config, error))
+        sources.append(VersionSource(name, version, path, config, error, fingerprint(directory)))
     return sources
 
 

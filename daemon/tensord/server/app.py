@@ -1,9 +1,12 @@
-"""The daemon's server: gRPC with health and reflection, model loading, graceful drain."""
+"""The daemon's server: gRPC with health and reflection, model loading, graceful drain,
+systemd notifications and watchdog, reload on SIGHUP, restart after a lost device."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Coroutine
+from typing import Any
 
 import grpc
 import structlog
@@ -15,13 +18,17 @@ from tensord.backends.base import DeviceOptions
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.devices import probe_gpus
+from tensord.errors import DeviceLostError, NotFoundError
 from tensord.registry.registry import (
     BackendFactory,
     ModelRegistry,
     ModelState,
     default_backend_factory,
 )
+from tensord.server.notify import SystemdNotifier, watchdog_interval
+from tensord.server.reload import ConfigLoader, Reloader, ReloadHook, ReloadResult
 from tensord.server.servicer import InferenceServicer
+from tensord.server.watchdog import Watchdog
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 
@@ -31,16 +38,23 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 MODEL_HEALTH_PREFIX = "tensord.model."
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+EXIT_DEVICE_LOST = 75
+"""Exit status after a sticky device error (EX_TEMPFAIL): Restart=on-failure starts anew."""
 
 
 class TensordServer:
     """One daemon: start() binds and loads, stop() drains. Used by the CLI and the tests.
 
     Create it inside a running event loop: the grpc.aio server binds to that loop.
+    `config_loader` reads the configuration again on reload (file, variables, flags);
+    without one a reload only rescans the model repository.
     """
 
     def __init__(
-        self, config: TensordConfig, backend_factory: BackendFactory = default_backend_factory
+        self,
+        config: TensordConfig,
+        backend_factory: BackendFactory = default_backend_factory,
+        config_loader: ConfigLoader | None = None,
     ) -> None:
         self.config = config
         where = DeviceOptions(
@@ -50,9 +64,21 @@ class TensordServer:
             config.model_repository, backend_factory, self._models_changed, where
         )
         self.dataplane = DataPlane(self.registry)
+        self.dataplane.on_device_lost = self.registry.on_device_lost = self._device_lost
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
+        self._announced: set[str] = set()
         self.port = 0
+        self.exit_code = 0
+        """0 after a normal drain; EXIT_DEVICE_LOST after a sticky device error."""
+        self.notifier = SystemdNotifier()
+        interval = watchdog_interval()
+        self.watchdog = Watchdog(self.notifier, interval) if interval else None
+        self.reloader = Reloader(self.registry, config_loader)
+        self._reload_lock = asyncio.Lock()
+        self._reload_queued = False
+        self._started = asyncio.Event()
+        self._stop_requested = asyncio.Event()
         s = config.server
         self._server = grpc.aio.server(
             options=[
@@ -76,10 +102,15 @@ class TensordServer:
         listen = self.config.server.listen
         try:
             self.port = self._server.add_insecure_port(listen)
+            if self.watchdog is not None:
+                self._server.add_insecure_port(self.watchdog.address)
         except RuntimeError as exc:
+            if self.watchdog is not None:
+                self.watchdog.close()
             raise OSError(f"cannot listen on {listen}: {exc}") from None
         await self._server.start()
         log.info("server.listening", listen=listen, port=self.port, version=__version__)
+        self.notifier.status(f"loading models; listening on port {self.port}")
         gpus = await asyncio.to_thread(probe_gpus)
         log.info(
             "server.devices",
@@ -87,38 +118,126 @@ class TensordServer:
             gpu_unavailable_reason=gpus.unavailable_reason or None,
         )
         await self.registry.load_all()
+        if self.watchdog is not None:
+            self.watchdog.start()
+        if self._stop_requested.is_set():  # SIGTERM, or a device lost, while loading
+            return self.port
         self.dataplane.serving = True
         await self._sync_health()
+        log.info("server.ready", port=self.port, **self.model_counts())
+        self.notifier.ready(self.status_line())
+        self._started.set()
+        return self.port
+
+    def model_counts(self) -> dict[str, int]:
+        """Model versions by state: {"loading": 0, "ready": 2, "failed": 1, "unloading": 0}."""
         counts = {state.name.lower(): 0 for state in ModelState}
         for mv in self.registry.versions():
             counts[mv.state.name.lower()] += 1
-        log.info("server.ready", port=self.port, **counts)
-        return self.port
+        return counts
+
+    def status_line(self) -> str:
+        """The STATUS= line systemd shows: state, port and model counts."""
+        counts = self.model_counts()
+        state = "serving" if self.dataplane.serving else "not serving"
+        detail = ", ".join(f"{n} {name}" for name, n in counts.items() if n)
+        return f"{state} on port {self.port}: {detail or 'no models'}"
+
+    def add_reload_hook(self, hook: ReloadHook) -> None:
+        """Run `hook(new_config)` (plain or async) on every reload, before the models are
+        rescanned. It applies its new state entirely, or raises and keeps the old one."""
+        self.reloader.add_hook(hook)
+
+    async def reload(self) -> ReloadResult:
+        """Re-read the config and the model repository (SIGHUP); one reload at a time."""
+        async with self._reload_lock:
+            self._reload_queued = False
+            self.notifier.reloading("reloading the configuration and the model repository")
+            log.info("server.reloading")
+            self.config, result = await self.reloader.run(self.config)
+            models = result.models
+            log.info(
+                "server.reloaded",
+                ok=result.ok,
+                config_error=result.config_error or None,
+                ignored=sorted(result.ignored) or None,
+                hook_errors=result.hook_errors or None,
+                added=models.added if models else None,
+                changed=models.changed if models else None,
+                removed=models.removed if models else None,
+                load_failed=models.failed if models else None,
+                **self.model_counts(),
+            )
+            await self._sync_health()
+            suffix = "" if result.ok else "; the last reload had errors (see the log)"
+            self.notifier.ready(self.status_line() + suffix)
+            return result
+
+    def request_reload(self) -> None:
+        """Schedule a reload (the SIGHUP handler); signals during one queue one more."""
+        if self._reload_queued or self._stop_requested.is_set():
+            return
+        self._reload_queued = True
+        self._spawn(self._reload_when_started())
+
+    async def _reload_when_started(self) -> None:
+        await self._started.wait()
+        if not self._stop_requested.is_set():
+            await self.reload()
+
+    def request_stop(self) -> None:
+        """Ask serve_until_signal to drain and return (SIGTERM, SIGINT)."""
+        self._stop_requested.set()
+
+    def _device_lost(self, exc: DeviceLostError) -> None:
+        """A sticky device error: NOT_SERVING now, then drain and exit non-zero."""
+        if self.exit_code == EXIT_DEVICE_LOST:
+            return
+        self.exit_code = EXIT_DEVICE_LOST
+        log.critical("device.lost", error=str(exc), exit_code=EXIT_DEVICE_LOST)
+        self.dataplane.serving = False
+        self._spawn(self._sync_health())
+        self.notifier.status(f"device lost, restarting: {exc}")
+        self._stop_requested.set()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING, refuse new calls, let in-flight calls finish within the grace."""
         grace = self.config.server.drain_grace_seconds if grace is None else grace
         log.info("server.draining", grace_s=grace)
+        self._stop_requested.set()
+        self.notifier.stopping(f"draining: in-flight calls get {grace:g} s")
         self.dataplane.serving = False
+        if self.watchdog is not None:
+            await self.watchdog.stop()
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)
-        await self.registry.close()
-        log.info("server.stopped")
+        self._started.set()  # a reload still waiting for start-up now sees the stop
+        async with self._reload_lock:  # a reload in progress finishes its loads first
+            await self.registry.close()
+        if self.watchdog is not None:
+            self.watchdog.close()
+        log.info("server.stopped", exit_code=self.exit_code)
+        self.notifier.close()
 
-    async def serve_until_signal(self) -> None:
-        """Start, then drain and return on SIGTERM or SIGINT."""
-        stop = asyncio.Event()
+    async def serve_until_signal(self) -> int:
+        """Start; reload on SIGHUP; drain and return the exit status on SIGTERM or SIGINT,
+        or after a sticky device error (then non-zero, so that systemd restarts us)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         await self.start()
-        await stop.wait()
+        await self._stop_requested.wait()
         await self.stop()
+        return self.exit_code
 
     def _models_changed(self) -> None:
-        task = asyncio.get_running_loop().create_task(self._sync_health())
-        self._health_tasks.add(task)
-        task.add_done_callback(self._health_tasks.discard)
+        self._spawn(self._sync_health())
 
     async def _sync_health(self) -> None:
         """Keep grpc.health.v1 in step with the data plane: overall, service, per model."""
@@ -126,8 +245,16 @@ class TensordServer:
         overall = _SERVING if serving else _NOT_SERVING
         await self.health.set("", overall)
         await self.health.set(SERVICE_NAME, overall)
-        for name in self.registry.names():
-            ready = any(mv.state is ModelState.READY for mv in self.registry.get_versions(name))
+        names = self.registry.names()
+        for name in names:
+            try:
+                versions = self.registry.get_versions(name)
+            except NotFoundError:  # removed by a reload while this ran
+                versions = []
+            ready = any(mv.state is ModelState.READY for mv in versions)
             await self.health.set(
                 MODEL_HEALTH_PREFIX + name, _SERVING if serving and ready else _NOT_SERVING
             )
+        for name in self._announced.difference(names):  # removed by a reload
+            await self.health.set(MODEL_HEALTH_PREFIX + name, _NOT_SERVING)
+        self._announced.update(names)

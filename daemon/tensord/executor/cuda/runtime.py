@@ -10,24 +10,15 @@ from typing import Any
 
 from cuda.bindings import runtime as cudart
 
-from tensord.errors import InternalError, OutOfMemoryError
+from tensord.errors import DeviceLostError, InternalError, OutOfMemoryError
+from tensord.executor.device_fault import STICKY_CUDA_ERRORS
 
 _SUCCESS = cudart.cudaError_t.cudaSuccess
 
 # After these the CUDA context is unusable: the process must restart (systemd does).
 STICKY_ERRORS = frozenset(
     getattr(cudart.cudaError_t, name)
-    for name in (
-        "cudaErrorIllegalAddress",
-        "cudaErrorLaunchFailure",
-        "cudaErrorHardwareStackError",
-        "cudaErrorIllegalInstruction",
-        "cudaErrorMisalignedAddress",
-        "cudaErrorInvalidAddressSpace",
-        "cudaErrorInvalidPc",
-        "cudaErrorECCUncorrectable",
-        "cudaErrorDevicesUnavailable",
-    )
+    for name in STICKY_CUDA_ERRORS.values()
     if hasattr(cudart.cudaError_t, name)
 )
 
@@ -45,6 +36,15 @@ class CudaError(InternalError):
         super().__init__(f"{call} failed: {self.error_name}: {detail}")
 
 
+class StickyCudaError(CudaError, DeviceLostError):
+    """A CUDA error after which the context is lost: the daemon drains and exits non-zero."""
+
+
+def cuda_error(call: str, error: Any) -> CudaError:
+    """The typed error for a failed call: StickyCudaError when the context is lost."""
+    return StickyCudaError(call, error) if error in STICKY_ERRORS else CudaError(call, error)
+
+
 class CudaOutOfMemoryError(OutOfMemoryError):
     """cudaErrorMemoryAllocation: the batch may be split and retried."""
 
@@ -56,7 +56,7 @@ def check(result: Any, call: str) -> Any:
     if error != _SUCCESS:
         if error == cudart.cudaError_t.cudaErrorMemoryAllocation:
             raise CudaOutOfMemoryError(f"{call} failed: cudaErrorMemoryAllocation (out of memory)")
-        raise CudaError(call, error)
+        raise cuda_error(call, error)
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else rest

@@ -1,0 +1,123 @@
+"""The daemon as systemd runs it, with a real $NOTIFY_SOCKET: the messages it sends at
+start, on the watchdog, around a reload (SIGHUP) and at drain (SIGTERM)."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from tensord.server.notify import monotonic_usec
+from tensord_client import Client
+from tests.e2e.conftest import free_port
+from tests.models import build_identity
+from tests.notify_socket import NotifyListener
+
+pytestmark = pytest.mark.e2e
+
+
+def serve(config: Path, listener: NotifyListener, log: Path, **env: str) -> subprocess.Popen[str]:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tensord.cli", "serve", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=listener.env(PYTHONUNBUFFERED="1", **env),
+        )
+
+
+@pytest.fixture
+def setup(demo_repo: Path, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    shutil.copytree(demo_repo, tmp_path / "models")
+    port = free_port()
+    config = tmp_path / "tensord.toml"
+    config.write_text(
+        f'model_repository = "models"\n[server]\nlisten = "127.0.0.1:{port}"\nlog_format = "json"\n'
+    )
+    yield config, f"127.0.0.1:{port}"
+
+
+def test_ready_watchdog_reload_and_stopping(setup: tuple[Path, str], tmp_path: Path) -> None:
+    config, target = setup
+    port = target.rsplit(":", 1)[1]
+    listener = NotifyListener()
+    process = serve(config, listener, tmp_path / "tensord.log", WATCHDOG_USEC="1000000")
+    try:
+        first = listener.wait_for("STATUS", timeout=60)
+        assert first == {"STATUS": f"loading models; listening on port {port}"}
+        ready = listener.wait_for("READY")
+        assert ready == {"READY": "1", "STATUS": f"serving on port {port}: 4 ready"}
+        with Client(target, timeout=10, retries=0) as client:  # READY means serving
+            assert client.health().status == 1  # SERVING
+
+        # Keep-alives every 0.5 s, each after a Health call answered.
+        pings = [m for m in listener.drain(2.2) if m == {"WATCHDOG": "1"}]
+        assert 3 <= len(pings) <= 6
+
+        # A new model and SIGHUP: RELOADING=1 (with the monotonic time), then READY=1.
+        build_identity(tmp_path / "models" / "added" / "1" / "model.onnx", TensorProto.FLOAT)
+        sent_at = monotonic_usec()
+        process.send_signal(signal.SIGHUP)
+        reloading = listener.wait_for("RELOADING")
+        assert reloading["RELOADING"] == "1"
+        assert sent_at <= int(reloading["MONOTONIC_USEC"]) <= monotonic_usec()
+        assert reloading["STATUS"] == "reloading the configuration and the model repository"
+        reloaded = listener.wait_for("READY")
+        assert reloaded["STATUS"] == f"serving on port {port}: 5 ready"
+        with Client(target, timeout=10, retries=0) as client:
+            x = np.ones((1, 4), np.float32)
+            assert client.predict("added", {"x": x})["y"].tolist() == x.tolist()
+
+        # A broken config on SIGHUP: the running one stays, the status says so.
+        good = config.read_text()
+        config.write_text(good + "unknown_key = 1\n")
+        process.send_signal(signal.SIGHUP)
+        listener.wait_for("RELOADING")
+        rejected = listener.wait_for("READY")
+        assert rejected["STATUS"] == (
+            f"serving on port {port}: 5 ready; the last reload had errors (see the log)"
+        )
+        with Client(target, timeout=10, retries=0) as client:
+            assert client.health().status == 1
+
+        process.send_signal(signal.SIGTERM)
+        stopping = listener.wait_for("STOPPING")
+        assert stopping["STATUS"] == "draining: in-flight calls get 30 s"
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        listener.close()
+    log = (tmp_path / "tensord.log").read_text()
+    assert '"event": "reload.config_rejected"' in log and "unknown_key" in log
+    # Nothing after STOPPING but possibly a last keep-alive sent before it.
+    last = listener.messages.index(stopping)
+    assert all(m == {"WATCHDOG": "1"} for m in listener.messages[last + 1 :])
+
+
+def test_abstract_socket_and_no_watchdog(setup: tuple[Path, str], tmp_path: Path) -> None:
+    config, _ = setup
+    listener = NotifyListener(abstract=True)
+    process = serve(config, listener, tmp_path / "tensord.log")
+    try:
+        listener.wait_for("READY")
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        listener.wait_for("STOPPING")
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        listener.close()
+    assert not any("WATCHDOG" in m for m in listener.messages)
+    assert "watchdog" not in (tmp_path / "tensord.log").read_text()

@@ -1,0 +1,106 @@
+"""Reload re-reads the config file: a bad file keeps the running config, restart-only keys
+are ignored with a log line, live keys apply, and reload hooks run with the new config."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tensord.config import TensordConfig, load_config
+from tests.conftest import ServerThread
+
+
+@pytest.fixture
+def config_file(demo_repo: Path, tmp_path: Path) -> Path:
+    shutil.copytree(demo_repo / "mlp", tmp_path / "models" / "mlp")
+    path = tmp_path / "tensord.toml"
+    path.write_text(
+        'model_repository = "models"\n[server]\nlisten = "127.0.0.1:0"\ndrain_grace_seconds = 5.0\n'
+    )
+    return path
+
+
+@pytest.fixture
+def server(config_file: Path) -> Iterator[ServerThread]:
+    def loader() -> TensordConfig:
+        return load_config(config_file, env={})
+
+    srv = ServerThread(loader(), config_loader=loader).start()
+    yield srv
+    srv.stop()
+
+
+def test_bad_config_keeps_the_running_one(server: ServerThread, config_file: Path) -> None:
+    assert server.server is not None
+    running = server.server.config
+    config_file.write_text('model_repository = "models"\n[server]\nlisten = "nowhere"\n')
+    result = server.call(server.server.reload())
+    assert not result.ok and result.models is None
+    assert result.config_error.startswith(f"{config_file}: 1 invalid setting(s)")
+    assert "server.listen" in result.config_error
+    assert server.server.config is running
+    config_file.write_text("this is [not toml")
+    result = server.call(server.server.reload())
+    assert "not valid TOML" in result.config_error
+    assert server.server.config is running
+    assert server.server.registry.names() == ["mlp"]
+
+
+def test_restart_only_keys_are_ignored_and_live_keys_apply(
+    server: ServerThread, config_file: Path
+) -> None:
+    assert server.server is not None
+    config_file.write_text(
+        'model_repository = "models"\n'
+        '[server]\nlisten = "127.0.0.1:9"\ndrain_grace_seconds = 12.5\n'
+        "max_receive_message_bytes = 2048\nswitch_interval_us = 300\n"
+    )
+    result = server.call(server.server.reload())
+    assert result.ok
+    assert result.ignored == {
+        "server.listen": ("127.0.0.1:0", "127.0.0.1:9"),
+        "server.max_receive_message_bytes": (64 * 1024 * 1024, 2048),
+    }
+    config = server.server.config
+    assert config.server.listen == "127.0.0.1:0"
+    assert config.server.max_receive_message_bytes == 64 * 1024 * 1024
+    assert config.server.drain_grace_seconds == 12.5
+    assert config.server.switch_interval_us == 300
+
+
+def test_hooks_run_with_the_new_config_and_a_failing_one_stops_nothing(
+    server: ServerThread, config_file: Path, tmp_path: Path
+) -> None:
+    assert server.server is not None
+    seen: list[tuple[str, float]] = []
+
+    def certificates(config: TensordConfig) -> None:
+        seen.append(("sync", config.server.drain_grace_seconds))
+
+    async def tokens(config: TensordConfig) -> None:
+        seen.append(("async", config.server.drain_grace_seconds))
+
+    def broken(config: TensordConfig) -> None:
+        raise ValueError("token file /etc/tensord/tokens: line 3 is not NAME:HASH")
+
+    server.server.add_reload_hook(certificates)
+    server.server.add_reload_hook(broken)
+    server.server.add_reload_hook(tokens)
+    # The model repository moves too: a reload serves from the new one.
+    shutil.copytree(tmp_path / "models", tmp_path / "models2")
+    shutil.rmtree(tmp_path / "models2" / "mlp")
+    shutil.copytree(tmp_path / "models" / "mlp", tmp_path / "models2" / "mlp2")
+    config_file.write_text(
+        'model_repository = "models2"\n[server]\nlisten = "127.0.0.1:0"\n'
+        "drain_grace_seconds = 7.0\n"
+    )
+    result = server.call(server.server.reload())
+    assert seen == [("sync", 7.0), ("async", 7.0)]
+    assert len(result.hook_errors) == 1 and not result.ok
+    assert "line 3 is not NAME:HASH" in result.hook_errors[0]
+    assert result.models is not None
+    assert result.models.added == ["mlp2 v1"] and result.models.removed == ["mlp v1"]
+    assert server.server.config.model_repository == tmp_path / "models2"
