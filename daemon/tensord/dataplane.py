@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensord import __version__
+from tensord.access import check_model
 from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
 from tensord.errors import UnavailableError, UnimplementedError
 from tensord.executor.split import run_splitting_on_oom
@@ -73,6 +74,7 @@ class DataPlane:
     async def predict(self, call: PredictCall) -> PredictResult:
         """Validate against the signature, queue, run, and return the asked-for outputs."""
         self._check_serving()
+        check_model(call.model)
         entry = self.registry.get(call.model, call.version)
         inputs = check_inputs(entry.name, entry.inputs, call.inputs, entry.config.max_batch_size)
         names = check_output_names(entry.name, entry.outputs, call.output_names)
@@ -96,6 +98,7 @@ class DataPlane:
     async def generate(self, model: str, version: int) -> None:
         """Not built yet: answer UNIMPLEMENTED once the model is known."""
         self._check_serving()
+        check_model(model)
         self.registry.get(model, version)
         raise UnimplementedError(
             "Generate is not available in this tensord version: the generation engine "

@@ -42,7 +42,32 @@ def test_every_setting_has_an_env_variable() -> None:
     assert (
         env_keys()["TENSORD_SERVER_MAX_RECEIVE_MESSAGE_BYTES"] == "server.max_receive_message_bytes"
     )
-    assert len(env_keys()) == 10
+    assert {v for v in env_keys().values() if "." not in v} == {
+        "model_repository",
+        "cache_directory",
+    }
+    tables = {"tls", "auth", "limits", "metrics", "tracing"}
+    assert sorted(v for v in env_keys().values() if v.split(".")[0] in tables) == [
+        "auth.burst",
+        "auth.open_health",
+        "auth.open_reflection",
+        "auth.rate_per_second",
+        "auth.token_file",
+        "limits.max_generate_streams",
+        "limits.max_prompt_tokens",
+        "metrics.listen",
+        "tls.cert_file",
+        "tls.client_ca_file",
+        "tls.key_file",
+        "tracing.enabled",
+        "tracing.otlp_endpoint",
+        "tracing.sample_ratio",
+        "tracing.service_name",
+    ]
+    assert env_keys()["TENSORD_TLS_CLIENT_CA_FILE"] == "tls.client_ca_file"
+    assert env_keys()["TENSORD_SERVER_MAX_CONNECTION_AGE_SECONDS"] == (
+        "server.max_connection_age_seconds"
+    )
 
 
 def test_errors_name_the_field(tmp_path: Path) -> None:

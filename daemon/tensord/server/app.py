@@ -15,12 +15,14 @@ from tensord.backends.base import DeviceOptions
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.devices import probe_gpus
+from tensord.observability import Observability
 from tensord.registry.registry import (
     BackendFactory,
     ModelRegistry,
     ModelState,
     default_backend_factory,
 )
+from tensord.server.security import Security, transport_options
 from tensord.server.servicer import InferenceServicer
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
@@ -53,17 +55,20 @@ class TensordServer:
         self.health = health.aio.HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self.port = 0
-        s = config.server
+        self.observability = Observability(config, self.registry)
+        self.security = Security(config, self.observability.rejected)
+        if self.security.stream_limit is not None:
+            limiter = self.security.stream_limit
+            self.observability.gauge(
+                "tensord_generate_streams_active",
+                "Generate streams in progress.",
+                lambda: limiter.active,
+            )
         self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", s.max_receive_message_bytes),
-                ("grpc.max_send_message_length", s.max_send_message_bytes),
-                # Two daemons must not share a port silently.
-                ("grpc.so_reuseport", 0),
-            ]
+            interceptors=self.security.interceptors, options=transport_options(config.server)
         )
         pb_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(self.dataplane), self._server
+            InferenceServicer(self.dataplane, self.observability.observer), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
@@ -75,11 +80,19 @@ class TensordServer:
         await self._sync_health()
         listen = self.config.server.listen
         try:
-            self.port = self._server.add_insecure_port(listen)
+            self.port = self.security.add_port(self._server, listen)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {listen}: {exc}") from None
         await self._server.start()
-        log.info("server.listening", listen=listen, port=self.port, version=__version__)
+        log.info(
+            "server.listening",
+            listen=listen,
+            port=self.port,
+            version=__version__,
+            transport=self.security.mode,
+            auth=self.security.authenticator is not None,
+        )
+        self.observability.start()
         gpus = await asyncio.to_thread(probe_gpus)
         log.info(
             "server.devices",
@@ -103,6 +116,7 @@ class TensordServer:
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)
         await self.registry.close()
+        self.observability.stop()
         log.info("server.stopped")
 
     async def serve_until_signal(self) -> None:
