@@ -112,6 +112,27 @@ def cmd_demo_repo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hash_token(args: argparse.Namespace) -> int:
+    """Print a token-file entry: for a new random token, or for one read from stdin."""
+    from tensord.server.auth import MIN_TOKEN_LENGTH, hash_token, new_token, token_entry
+
+    if args.stdin:
+        token = sys.stdin.readline().strip()
+        if len(token) < MIN_TOKEN_LENGTH:
+            print(
+                f"tensord: a token needs at least {MIN_TOKEN_LENGTH} characters; leave out "
+                "--stdin to have a random one made",
+                file=sys.stderr,
+            )
+            return 2
+    else:
+        token = new_token()
+        print(f"# token for the client (stored nowhere else): {token}", file=sys.stderr)
+    models = args.model or ["*"]
+    print(token_entry(args.name, hash_token(token), models, args.rate, args.burst), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the commands)."""
     env = ", ".join(sorted(env_keys()))
@@ -137,6 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("path", type=Path)
     demo.add_argument("--force", action="store_true", help="rebuild existing models")
     demo.set_defaults(func=cmd_demo_repo)
+    hasher = sub.add_parser(
+        "hash-token",
+        help="print a [[token]] entry for the token file (append stdout to the file)",
+    )
+    hasher.add_argument("--name", required=True, help="the token's name in logs and messages")
+    hasher.add_argument("--model", action="append", help="a model it may use; repeat (default *)")
+    hasher.add_argument("--rate", type=float, default=0.0, help="requests/s (default: [auth])")
+    hasher.add_argument("--burst", type=int, default=0, help="bucket size (default: [auth])")
+    hasher.add_argument(
+        "--stdin", action="store_true", help="hash the token on stdin instead of making one"
+    )
+    hasher.set_defaults(func=cmd_hash_token)
     return parser
 
 

@@ -20,6 +20,7 @@ The token file (TOML):
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 import threading
@@ -60,8 +61,14 @@ def token_entry(
     name: str, digest: str, models: Sequence[str], rate: float = 0.0, burst: int = 0
 ) -> str:
     """A `[[token]]` entry for the token file, as TOML."""
-    quoted = ", ".join(f'"{m}"' for m in models)
-    lines = ["[[token]]", f'name = "{name}"', f'sha256 = "{digest}"', f"models = [{quoted}]"]
+    # JSON's string escapes are valid TOML basic strings.
+    quoted = ", ".join(json.dumps(m) for m in models)
+    lines = [
+        "[[token]]",
+        f"name = {json.dumps(name)}",
+        f'sha256 = "{digest}"',
+        f"models = [{quoted}]",
+    ]
     if rate:
         lines.append(f"rate_per_second = {rate}")
     if burst:
