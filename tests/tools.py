@@ -27,3 +27,20 @@ def buf() -> Path:
     found = shutil.which("buf")
     candidate = local if local.exists() else (Path(found) if found else None)
     return require_tool(candidate, "buf", "make npm-deps")
+
+
+def system_tool(name: str, package: str) -> Path:
+    """A Debian-packaged tool on PATH (or in /usr/sbin, off a non-root PATH); `make test`
+    installs the package."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
+    return require_tool(Path(found) if found else None, name, f"apt-get install {package}")
+
+
+def promtool() -> Path:
+    """Prometheus's promtool, from the Debian package `prometheus`."""
+    return system_tool("promtool", "prometheus")
+
+
+def nginx() -> Path:
+    """nginx, from the Debian package `nginx`."""
+    return system_tool("nginx", "nginx")

@@ -15,7 +15,13 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.metrics import MetricWrapperBase
 
 from tensord import __version__
@@ -202,6 +208,9 @@ class Metrics:
     """The registry and the recorders of one server."""
 
     def __init__(self) -> None:
+        # No `_created` series beside every counter and histogram: they double the scrape
+        # and Prometheus itself ignores them in the text format.
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = RequestMetrics(self.registry)
         self.generation = GenerationMetrics(self.registry)
