@@ -38,6 +38,10 @@ class ServerSettings(BaseModel):
     """Largest response message sent."""
     drain_grace_seconds: float = Field(default=30.0, ge=0)
     """On SIGTERM, how long in-flight calls get to finish before they are cancelled."""
+    drain_delay_seconds: float = Field(default=0.0, ge=0)
+    """On SIGTERM, how long health reports NOT_SERVING (and new calls get UNAVAILABLE, which
+    clients retry elsewhere) before the server stops taking calls: time for load balancers
+    and health-checking clients to move away. 1-5 s behind a load balancer."""
     log_format: Literal["auto", "json", "console"] = "auto"
     """`json` lines, `console` key=value, or `auto`: console on a terminal, else JSON."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

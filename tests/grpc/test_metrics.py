@@ -85,8 +85,8 @@ def test_requests_by_rpc_model_and_status(scraped: str) -> None:
     for stage in ("queue", "compute"):
         assert value(found, f"tensord_request_{stage}_seconds_count", model="mlp") == 5
         assert value(found, f"tensord_request_{stage}_seconds_count", model="mlp_batched") == 8
-    bucket = value(found, "tensord_request_duration_seconds_bucket", rpc="Predict", model="mlp", le="+Inf")  # fmt: skip
-    assert bucket == 6
+    bucket = "tensord_request_duration_seconds_bucket"
+    assert value(found, bucket, rpc="Predict", model="mlp", le="+Inf") == 6
 
 
 def test_batching_executor_and_model_state(scraped: str, metrics_server: ServerThread) -> None:

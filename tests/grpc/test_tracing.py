@@ -11,19 +11,13 @@ import grpc
 import numpy as np
 import pytest
 import structlog
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tensord.config_tables import TracingSettings
 from tensord.observability.tracing import build_tracer
 from tensord_client import Client
 from tensord_client._common import predict_request
 from tests.conftest import serve
-
-pytest.importorskip("opentelemetry.sdk", reason="the otel extra is part of the dev extra")
-
-from opentelemetry.proto.collector.trace.v1 import (  # noqa: E402
-    trace_service_pb2,
-    trace_service_pb2_grpc,
-)
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -35,7 +29,7 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.requests: list[Any] = []
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the OTLP method name
+    def Export(self, request: Any, context: Any) -> Any:
         self.requests.append(request)
         return trace_service_pb2.ExportTraceServiceResponse()
 

@@ -178,24 +178,27 @@ class GpuMemoryCollector(Collector):
 
 
 def gpu_memory(device_id: int) -> tuple[int, int] | None:
-    """(free, total) bytes from cudaMemGetInfo when the device's primary context is active."""
+    """(free, total) bytes from cudaMemGetInfo when the device's primary context is active;
+    None without one (or without a usable driver)."""
     try:
         from cuda.bindings import driver, runtime
-    except ImportError:
+
+        ok = driver.CUresult.CUDA_SUCCESS
+        if driver.cuInit(0)[0] != ok:
+            return None
+        err, dev = driver.cuDeviceGet(device_id)
+        if err != ok:
+            return None
+        err, _flags, active = driver.cuDevicePrimaryCtxGetState(dev)
+        if err != ok or not active:
+            return None
+        # The context exists: binding this thread to it creates nothing.
+        if runtime.cudaSetDevice(device_id)[0] != runtime.cudaError_t.cudaSuccess:
+            return None
+        err, free_b, total_b = runtime.cudaMemGetInfo()
+    except Exception as exc:  # a scrape must never fail on the driver
+        log.warning("metrics.gpu_memory_failed", gpu=device_id, error=repr(exc))
         return None
-    ok = driver.CUresult.CUDA_SUCCESS
-    if driver.cuInit(0)[0] != ok:
-        return None
-    err, dev = driver.cuDeviceGet(device_id)
-    if err != ok:
-        return None
-    err, _flags, active = driver.cuDevicePrimaryCtxGetState(dev)
-    if err != ok or not active:
-        return None
-    # The context exists: binding this thread to it creates nothing.
-    if runtime.cudaSetDevice(device_id)[0] != runtime.cudaError_t.cudaSuccess:
-        return None
-    err, free_b, total_b = runtime.cudaMemGetInfo()
     if err != runtime.cudaError_t.cudaSuccess:
         log.warning("metrics.gpu_memory_failed", gpu=device_id, error=str(err))
         return None

@@ -114,6 +114,10 @@ class TensordServer:
         log.info("server.draining", grace_s=grace)
         self.dataplane.serving = False
         await self.health.enter_graceful_shutdown()
+        if self.config.server.drain_delay_seconds:
+            # Calls still arriving get UNAVAILABLE from the data plane; closing at once
+            # would cancel those gRPC has taken in but not yet handed to a handler.
+            await asyncio.sleep(self.config.server.drain_delay_seconds)
         await self._server.stop(grace)
         await self.registry.close()
         self.observability.stop()
