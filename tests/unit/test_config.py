@@ -151,3 +151,35 @@ def test_dynamic_batching_settings(tmp_path: Path) -> None:
         ModelLoadError, match=r"preferred_batch_size \[8\] exceeds max_batch_size 4"
     ):
         read_model_config(tmp_path)
+
+
+def test_security_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "tensord.toml"
+    path.parent.mkdir()
+    path.write_text(
+        '[tls]\ncert_file = "tls/server.crt"\nkey_file = "/abs/server.key"\n'
+        '[auth]\ntoken_file = "tokens.toml"\nrate_per_second = 2.5\n'
+        '[metrics]\nlisten = "127.0.0.1:9464"\n'
+    )
+    config = load_config(path, env={"TENSORD_TLS_CLIENT_CA_FILE": "ca.crt"})
+    assert config.tls.cert_file == tmp_path / "etc" / "tls" / "server.crt"
+    assert config.tls.key_file == Path("/abs/server.key")
+    assert config.tls.client_ca_file == Path.cwd() / "ca.crt"  # from a variable: the cwd
+    assert config.auth.token_file == tmp_path / "etc" / "tokens.toml"
+    assert (config.auth.rate_per_second, config.metrics.listen) == (2.5, "127.0.0.1:9464")
+    assert not config.tracing.enabled and config.limits.max_generate_streams == 0
+    unset = load_config(path, env={"TENSORD_AUTH_TOKEN_FILE": ""})
+    assert unset.auth.token_file is None and not unset.auth.enabled
+
+
+def test_security_settings_errors(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        '[metrics]\nlisten = "9464"\n[auth]\nrate_per_second = -1\n[tracing]\nsample_ratio = 2\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    text = str(info.value)
+    assert "metrics.listen: Value error, expected HOST:PORT such as 127.0.0.1:50051" in text
+    assert "auth.rate_per_second: Input should be greater than or equal to 0 (got -1)" in text
+    assert "tracing.sample_ratio: Input should be less than or equal to 1 (got 2)" in text

@@ -29,22 +29,27 @@ RejectHook = Callable[[str, grpc.StatusCode], None]
 GENERATE_METHOD = "/tensord.v1.InferenceService/Generate"
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: TensordError) -> None:
+async def _abort(
+    context: grpc.aio.ServicerContext[Any, Any], exc: TensordError, method: str
+) -> None:
     """Log the refusal and end the call with its status; the request id rides in trailers."""
     rid = request_id(context)
-    log.info("request.rejected", request_id=rid, status=exc.code.name, error=exc.message)
+    rpc = method.rpartition("/")[2]
+    log.info("request.rejected", request_id=rid, rpc=rpc, status=exc.code.name, error=exc.message)
     trailers = ((REQUEST_ID, rid), *error_trailers(exc))
     await context.abort(exc.code, exc.message, trailing_metadata=trailers)
 
 
-def _refusal(handler: grpc.RpcMethodHandler, exc: TensordError) -> grpc.RpcMethodHandler:
+def _refusal(
+    handler: grpc.RpcMethodHandler, exc: TensordError, method: str
+) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that ends the call with `exc`'s status."""
 
     async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await _abort(context, exc)
+        await _abort(context, exc, method)
 
     async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await _abort(context, exc)
+        await _abort(context, exc, method)
         yield  # pragma: no cover - abort raises; this makes it an async generator
 
     # No deserializer: a refused request's bytes are never parsed.
@@ -78,7 +83,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 return None
             if self._on_reject is not None:
                 self._on_reject(method, exc.code)
-            return _refusal(handler, exc)
+            return _refusal(handler, exc, method)
         # The handler runs in this call's task, so it sees the principal set here.
         current_principal.set(principal)
         return await continuation(handler_call_details)
@@ -123,6 +128,7 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
                         f"{self.active} Generate streams are in progress, the most this server "
                         f"takes ([limits] max_generate_streams = {self.limit}); retry shortly"
                     ),
+                    self._method,
                 )
             self.active += 1
             try:
