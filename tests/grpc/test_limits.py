@@ -124,7 +124,7 @@ async def test_max_concurrent_streams_queues_calls_on_one_connection() -> None:
 
 
 def test_generate_passes_through_the_stream_limit(small_repo: Path) -> None:
-    srv = serve(small_repo, limits__max_generate_streams=1)
+    srv = serve(small_repo, limits__max_generate_streams=1, metrics__listen="127.0.0.1:0")
     try:
         with grpc.insecure_channel(srv.target) as channel:
             stub = pb_grpc.InferenceServiceStub(channel)
@@ -134,6 +134,11 @@ def test_generate_passes_through_the_stream_limit(small_repo: Path) -> None:
                 assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert srv.server is not None and srv.server.security.stream_limit is not None
         assert srv.server.security.stream_limit.active == 0
+        assert srv.server.observability.metrics is not None
+        registry = srv.server.observability.metrics.registry
+        assert registry.get_sample_value("tensord_generate_streams_active") == 0
+        unimplemented = {"rpc": "Generate", "model": "mlp", "code": "UNIMPLEMENTED"}
+        assert registry.get_sample_value("tensord_requests_total", unimplemented) == 3
     finally:
         srv.stop()
 

@@ -72,6 +72,15 @@ class Observability:
 
             Gauge(name, documentation, registry=self.metrics.registry).set_function(read)
 
+    def watch_stream_limit(self, limiter: Any) -> None:
+        """Export the slots a StreamLimitInterceptor holds (nothing when there is none)."""
+        if limiter is not None:
+            self.gauge(
+                "tensord_generate_streams_active",
+                "Generate streams holding a [limits] max_generate_streams slot.",
+                lambda: float(limiter.active),
+            )
+
     def start(self) -> None:
         """Serve /metrics on [metrics] listen (a thread of prometheus_client's)."""
         if self.metrics is None:

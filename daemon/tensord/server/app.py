@@ -57,13 +57,7 @@ class TensordServer:
         self.port = 0
         self.observability = Observability(config, self.registry)
         self.security = Security(config, self.observability.rejected)
-        if self.security.stream_limit is not None:
-            limiter = self.security.stream_limit
-            self.observability.gauge(
-                "tensord_generate_streams_active",
-                "Generate streams in progress.",
-                lambda: limiter.active,
-            )
+        self.observability.watch_stream_limit(self.security.stream_limit)
         self._server = grpc.aio.server(
             interceptors=self.security.interceptors, options=transport_options(config.server)
         )
@@ -78,6 +72,7 @@ class TensordServer:
     async def start(self) -> int:
         """Listen (health NOT_SERVING), load every model, then report SERVING. Returns the port."""
         await self._sync_health()
+        self.observability.start()  # a metrics port that is taken fails before serving
         listen = self.config.server.listen
         try:
             self.port = self.security.add_port(self._server, listen)
@@ -92,7 +87,6 @@ class TensordServer:
             transport=self.security.mode,
             auth=self.security.authenticator is not None,
         )
-        self.observability.start()
         gpus = await asyncio.to_thread(probe_gpus)
         log.info(
             "server.devices",
@@ -120,7 +114,7 @@ class TensordServer:
             await asyncio.sleep(self.config.server.drain_delay_seconds)
         await self._server.stop(grace)
         await self.registry.close()
-        self.observability.stop()
+        await asyncio.to_thread(self.observability.stop)  # joins a thread, flushes spans
         log.info("server.stopped")
 
     async def serve_until_signal(self) -> None:
