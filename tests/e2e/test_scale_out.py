@@ -115,7 +115,7 @@ def spread_then_stop_one(client: Client, pair: list[Instance]) -> None:
         time.sleep(0.5)
     assert traffic.failures == []
     assert pair[1].predicts() > before  # the survivor took the traffic
-    assert traffic.ok > 50
+    assert traffic.ok > 20
 
 
 def test_round_robin_over_an_ipv4_target_list(pair: list[Instance]) -> None:

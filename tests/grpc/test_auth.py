@@ -32,7 +32,7 @@ def write_tokens(path: Path) -> Path:
     path.write_text(
         token_entry("admin", hash_token(ADMIN), ["*"])
         + token_entry("mlp-only", hash_token(MLP_ONLY), ["mlp"])
-        + token_entry("limited", hash_token(LIMITED), ["*"], rate=2.0, burst=2)
+        + token_entry("limited", hash_token(LIMITED), ["*"], rate=1.0, burst=2)
     )
     return path
 
@@ -138,17 +138,17 @@ def test_closed_health_and_open_reflection(small_repo: Path, token_file: Path) -
 def test_rate_limit_answers_resource_exhausted_with_a_retry_hint(
     auth_server: ServerThread,
 ) -> None:
-    with client(auth_server, LIMITED) as c:
-        time.sleep(1.0)  # earlier tests may have taken from the bucket: let it refill
+    with client(auth_server, LIMITED) as c:  # 1 request/s, burst 2: the third call waits
         c.predict("mlp", {"input": X})
         c.predict("mlp", {"input": X})
         err = error_of(lambda: c.predict("mlp", {"input": X}))
         assert err.code() == Code.RESOURCE_EXHAUSTED
         assert err.details().startswith(
-            "token 'limited' is over its rate limit of 2 requests/s (burst 2); retry in 0."
+            "token 'limited' is over its rate limit of 1 requests/s (burst 2); retry in "
         )
         wait = retry_after(err)
-        assert wait is not None and 0.3 < wait <= 0.5
+        assert wait is not None and 0 < wait <= 1.0
+        assert err.details().endswith(f"retry in {wait:.3f} s")
         trailers = dict(err.trailing_metadata())
         status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
         assert (status.code, status.message) == (Code.RESOURCE_EXHAUSTED.value[0], err.details())

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import secrets
 import threading
@@ -203,6 +204,7 @@ class Authenticator:
             with self._lock:
                 wait = bucket.take(time.monotonic())
             if wait > 0:
+                wait = math.ceil(wait * 1e3) / 1e3  # whole ms, as the retry hints carry it
                 rate = bucket.rate
                 raise RateLimitedError(
                     f"token {grant.principal.name!r} is over its rate limit of "

@@ -25,7 +25,7 @@ def error_trailers(exc: TensordError) -> tuple[tuple[str, str | bytes], ...]:
     """Extra trailers for this error (retry hints), or none."""
     if not isinstance(exc, RateLimitedError):
         return ()
-    ms = max(1, math.ceil(exc.retry_after_s * 1e3))
+    ms = max(1, math.ceil(round(exc.retry_after_s * 1e3, 6)))  # round: 0.995 s is 995 ms
     delay = duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
     detail = any_pb2.Any()
     detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
