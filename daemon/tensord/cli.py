@@ -73,7 +73,29 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(json.dumps(config.model_dump(mode="json"), indent=2))
     for line in problems:
         print(f"model problem: {line}", file=sys.stderr)
-    return 1 if problems else 0
+    security = _security_problems(config)
+    for line in security:
+        print(f"security problem: {line}", file=sys.stderr)
+    return 1 if problems or security else 0
+
+
+def _security_problems(config: Any) -> list[str]:
+    """Read the certificates and the token file as the server would."""
+    from tensord.server.auth import read_token_file
+    from tensord.server.tls import read_certificates
+
+    problems = []
+    try:
+        if config.tls.enabled:
+            read_certificates(config.tls)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    try:
+        if config.auth.enabled:
+            read_token_file(config.auth.token_file, config.auth)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    return problems
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -147,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     _add_config_flags(serve)
     serve.set_defaults(func=cmd_serve)
-    check = sub.add_parser("check-config", help="validate the config and the model repository")
+    check = sub.add_parser(
+        "check-config",
+        help="validate the config, the model repository, the TLS files and the token file",
+    )
     _add_config_flags(check)
     check.set_defaults(func=cmd_check_config)
     insp = sub.add_parser("inspect", help="describe an ONNX model file")

@@ -207,3 +207,24 @@ def test_hash_token_command(tmp_path: Path) -> None:
     )
     assert short.returncode == 2
     assert "at least 16 characters" in short.stderr
+
+
+def test_check_config_reads_the_token_file_and_certificates(tmp_path: Path) -> None:
+    config = tmp_path / "tensord.toml"
+    config.write_text(
+        f'model_repository = "{tmp_path}"\n[auth]\ntoken_file = "tokens.toml"\n'
+        '[tls]\ncert_file = "server.crt"\nkey_file = "server.key"\n'
+    )
+    (tmp_path / "tokens.toml").write_text("[[token]]\nname = 'x'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "tensord.cli", "check-config", "--config", str(config)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    problems = [line for line in done.stderr.splitlines() if line.startswith("security")]
+    assert problems == [
+        f"security problem: tls: cert_file {tmp_path}/server.crt: cannot read: "
+        "No such file or directory",
+        f"security problem: token file {tmp_path}/tokens.toml: 2 invalid setting(s)",
+    ]

@@ -34,7 +34,7 @@ from pathlib import Path
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tensord.access import ANY_MODEL, Principal
+from tensord.access import Principal
 from tensord.config_tables import AuthSettings
 from tensord.errors import ConfigError, RateLimitedError, UnauthenticatedError
 from tensord.server.ratelimit import Rate, TokenBucket
@@ -231,13 +231,3 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
         "(tensorctl --token, or the client's token= argument)"
     )
 
-
-__all__ = [
-    "ANY_MODEL",
-    "AUTHORIZATION",
-    "MIN_TOKEN_LENGTH",
-    "Authenticator",
-    "hash_token",
-    "new_token",
-    "token_entry",
-]
