@@ -104,3 +104,29 @@ def client(server: ServerThread):  # type: ignore[no-untyped-def]
 
     with Client(server.target, timeout=30, retries=0) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def small_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mlp and cnn, and mlp_batched (dynamic batching on): cheap to load for many servers."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("small-models")
+    build_demo_repository(root)
+    for extra in ("classifier", "tinylm"):
+        shutil.rmtree(root / extra)
+    batched = root / "mlp_batched"
+    (batched / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copy(root / "mlp" / "1" / "model.onnx", batched / "1" / "model.onnx")
+    (batched / "model.toml").write_text(
+        "max_batch_size = 32\n[dynamic_batching]\nmax_queue_delay_microseconds = 2000\n"
+    )
+    return root
+
+
+def serve(repo: Path, **settings: object) -> ServerThread:
+    """A server on a free loopback port over `repo`; settings are dotted keys with `__` for
+    the dot (`tls__cert_file=...`, `server__max_connection_age_seconds=1`)."""
+    overrides: dict[str, object] = {"model_repository": str(repo), "server.listen": "127.0.0.1:0"}
+    overrides.update({k.replace("__", "."): v for k, v in settings.items()})
+    return ServerThread(load_config(None, env={}, overrides=overrides)).start()

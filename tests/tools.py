@@ -33,3 +33,20 @@ def systemd_tool(name: str) -> Path:
     """systemd-analyze, systemd-sysusers or systemd-tmpfiles (Debian's `systemd` package)."""
     found = shutil.which(name)
     return require_tool(Path(found) if found else None, name, "make systemd-tools")
+
+
+def system_tool(name: str, package: str) -> Path:
+    """A Debian-packaged tool on PATH (or in /usr/sbin, off a non-root PATH); `make test`
+    installs the package."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
+    return require_tool(Path(found) if found else None, name, f"apt-get install {package}")
+
+
+def promtool() -> Path:
+    """Prometheus's promtool, from the Debian package `prometheus`."""
+    return system_tool("promtool", "prometheus")
+
+
+def nginx() -> Path:
+    """nginx, from the Debian package `nginx`."""
+    return system_tool("nginx", "nginx")

@@ -73,7 +73,29 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(json.dumps(config.model_dump(mode="json"), indent=2))
     for line in problems:
         print(f"model problem: {line}", file=sys.stderr)
-    return 1 if problems else 0
+    security = _security_problems(config)
+    for line in security:
+        print(f"security problem: {line}", file=sys.stderr)
+    return 1 if problems or security else 0
+
+
+def _security_problems(config: Any) -> list[str]:
+    """Read the certificates and the token file as the server would."""
+    from tensord.server.auth import read_token_file
+    from tensord.server.tls import read_certificates
+
+    problems = []
+    try:
+        if config.tls.enabled:
+            read_certificates(config.tls)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    try:
+        if config.auth.enabled:
+            read_token_file(config.auth.token_file, config.auth)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    return problems
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -112,6 +134,27 @@ def cmd_demo_repo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hash_token(args: argparse.Namespace) -> int:
+    """Print a token-file entry: for a new random token, or for one read from stdin."""
+    from tensord.server.auth import MIN_TOKEN_LENGTH, hash_token, new_token, token_entry
+
+    if args.stdin:
+        token = sys.stdin.readline().strip()
+        if len(token) < MIN_TOKEN_LENGTH:
+            print(
+                f"tensord: a token needs at least {MIN_TOKEN_LENGTH} characters; leave out "
+                "--stdin to have a random one made",
+                file=sys.stderr,
+            )
+            return 2
+    else:
+        token = new_token()
+        print(f"# token for the client (stored nowhere else): {token}", file=sys.stderr)
+    models = args.model or ["*"]
+    print(token_entry(args.name, hash_token(token), models, args.rate, args.burst), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the commands)."""
     env = ", ".join(sorted(env_keys()))
@@ -126,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     _add_config_flags(serve)
     serve.set_defaults(func=cmd_serve)
-    check = sub.add_parser("check-config", help="validate the config and the model repository")
+    check = sub.add_parser(
+        "check-config",
+        help="validate the config, the model repository, the TLS files and the token file",
+    )
     _add_config_flags(check)
     check.set_defaults(func=cmd_check_config)
     insp = sub.add_parser("inspect", help="describe an ONNX model file")
@@ -137,6 +183,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("path", type=Path)
     demo.add_argument("--force", action="store_true", help="rebuild existing models")
     demo.set_defaults(func=cmd_demo_repo)
+    hasher = sub.add_parser(
+        "hash-token",
+        help="print a [[token]] entry for the token file (append stdout to the file)",
+    )
+    hasher.add_argument("--name", required=True, help="the token's name in logs and messages")
+    hasher.add_argument("--model", action="append", help="a model it may use; repeat (default *)")
+    hasher.add_argument("--rate", type=float, default=0.0, help="requests/s (default: [auth])")
+    hasher.add_argument("--burst", type=int, default=0, help="bucket size (default: [auth])")
+    hasher.add_argument(
+        "--stdin", action="store_true", help="hash the token on stdin instead of making one"
+    )
+    hasher.set_defaults(func=cmd_hash_token)
     return parser
 
 

@@ -13,6 +13,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tensord.config_tables import (
+    AuthSettings,
+    LimitsSettings,
+    MetricsSettings,
+    TLSSettings,
+    TracingSettings,
+)
 from tensord.errors import ConfigError
 
 ENV_PREFIX = "TENSORD_"
@@ -31,6 +38,10 @@ class ServerSettings(BaseModel):
     """Largest response message sent."""
     drain_grace_seconds: float = Field(default=30.0, ge=0)
     """On SIGTERM, how long in-flight calls get to finish before they are cancelled."""
+    drain_delay_seconds: float = Field(default=0.0, ge=0)
+    """On SIGTERM, how long health reports NOT_SERVING (and new calls get UNAVAILABLE, which
+    clients retry elsewhere) before the server stops taking calls: time for load balancers
+    and health-checking clients to move away. 1-5 s behind a load balancer."""
     log_format: Literal["auto", "json", "console"] = "auto"
     """`json` lines, `console` key=value, or `auto`: console on a terminal, else JSON."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -41,6 +52,22 @@ class ServerSettings(BaseModel):
     wait behind the loop (measured: ~20% fewer Predicts/s at 32 in flight)."""
     cuda_device: int = Field(default=0, ge=0)
     """The CUDA device (as numbered after CUDA_VISIBLE_DEVICES) that GPU models run on."""
+    max_concurrent_streams: int = Field(default=0, ge=0)
+    """Calls one HTTP/2 connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS);
+    further calls wait on the client. 0: gRPC's default (no limit)."""
+    keepalive_time_seconds: float = Field(default=60.0, gt=0)
+    """How long a connection may be idle before the server pings the client."""
+    keepalive_timeout_seconds: float = Field(default=20.0, gt=0)
+    """How long the server waits for a ping's answer before it closes the connection."""
+    keepalive_min_client_interval_seconds: float = Field(default=10.0, ge=0)
+    """Shortest interval between client pings the server tolerates (clients that ping more
+    often are sent GOAWAY); clients may ping on idle connections too."""
+    max_connection_age_seconds: float = Field(default=0.0, ge=0)
+    """Close each connection (GOAWAY, ±10% jitter) after this long, so clients behind a load
+    balancer reconnect and spread over new instances; 0: connections live on."""
+    max_connection_age_grace_seconds: float = Field(default=0.0, ge=0)
+    """After max_connection_age, how long calls in progress may still run before the
+    connection is closed; 0: as long as they need."""
 
     @field_validator("listen")
     @classmethod
@@ -62,6 +89,27 @@ class TensordConfig(BaseModel):
     """Directory with one subdirectory per model (relative paths are from the config file)."""
     cache_directory: Path = Path("cache")
     """Where TensorRT engines and compiled kernels are cached (relative: as above)."""
+    tls: TLSSettings = TLSSettings()
+    """TLS and mutual TLS on the gRPC port."""
+    auth: AuthSettings = AuthSettings()
+    """Bearer-token authentication, per-model permissions and per-token rate limits."""
+    limits: LimitsSettings = LimitsSettings()
+    """Admission limits: prompt length, concurrent Generate streams."""
+    metrics: MetricsSettings = MetricsSettings()
+    """The Prometheus endpoint."""
+    tracing: TracingSettings = TracingSettings()
+    """OpenTelemetry tracing."""
+
+
+# Settings holding paths: relative ones in the file are relative to the file.
+_PATH_KEYS = (
+    "model_repository",
+    "cache_directory",
+    "tls.cert_file",
+    "tls.key_file",
+    "tls.client_ca_file",
+    "auth.token_file",
+)
 
 
 def load_config(
@@ -84,10 +132,12 @@ def load_config(
             raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
         # A relative directory in the file is relative to the file; from a flag or
         # variable, to the working directory.
-        for key in ("model_repository", "cache_directory"):
-            value = data.get(key)
-            if isinstance(value, str) and not Path(value).is_absolute():
-                data[key] = str(path.parent / value)
+        for key in _PATH_KEYS:
+            table, _, leaf = key.rpartition(".")
+            node = data.get(table, {}) if table else data
+            value = node.get(leaf) if isinstance(node, dict) else None
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                node[leaf] = str(path.parent / value)
     for key, value in _env_overrides(os.environ if env is None else env).items():
         _set_dotted(data, key, value)
     for key, value in (overrides or {}).items():
@@ -99,19 +149,26 @@ def load_config(
         raise ConfigError(format_validation_error(exc, str(path or "(defaults)"))) from None
     config.model_repository = config.model_repository.resolve()
     config.cache_directory = config.cache_directory.resolve()
+    for section in (config.tls, config.auth):
+        for name, value in section:
+            if isinstance(value, Path):
+                setattr(section, name, value.resolve())
     return config
 
 
 def env_keys() -> dict[str, str]:
     """Every TENSORD_* variable the daemon reads, mapped to the setting it overrides.
 
-    TENSORD_MODEL_REPOSITORY -> model_repository, TENSORD_SERVER_LISTEN -> server.listen.
+    TENSORD_MODEL_REPOSITORY -> model_repository, TENSORD_SERVER_LISTEN -> server.listen,
+    TENSORD_TLS_CERT_FILE -> tls.cert_file: one variable per key of every table.
     """
-    keys = {
-        f"{ENV_PREFIX}SERVER_{sub.upper()}": f"server.{sub}" for sub in ServerSettings.model_fields
-    }
-    for name in TensordConfig.model_fields:
-        if name != "server":
+    keys = {}
+    for name, field in TensordConfig.model_fields.items():
+        table = field.annotation
+        if isinstance(table, type) and issubclass(table, BaseModel):
+            for sub in table.model_fields:
+                keys[f"{ENV_PREFIX}{name.upper()}_{sub.upper()}"] = f"{name}.{sub}"
+        else:
             keys[f"{ENV_PREFIX}{name.upper()}"] = name
     return keys
 

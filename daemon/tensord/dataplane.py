@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensord import __version__
+from tensord.access import check_model
 from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
 from tensord.errors import (
     DeviceLostError,
@@ -120,6 +121,7 @@ class DataPlane:
     async def predict(self, call: PredictCall) -> PredictResult:
         """Validate against the signature, queue, run, and return the asked-for outputs."""
         self._check_serving()
+        check_model(call.model)
         entry = self.registry.get(call.model, call.version)
         if entry.engine is not None:
             raise FailedPreconditionError(
@@ -157,6 +159,7 @@ class DataPlane:
     async def generate(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
         """Check the request, admit it to the model's engine and stream its chunks."""
         self._check_serving()
+        check_model(call.model)
         entry = self.registry.get(call.model, call.version)
         engine = entry.engine
         if engine is None:

@@ -90,6 +90,26 @@ class DeviceLostError(InternalError):
     """
 
 
+class RateLimitedError(ResourceExhaustedError):
+    """A caller went over its request rate; `retry_after_s` says when the next one fits."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UnauthenticatedError(TensordError):
+    """No credentials, or credentials that match nothing."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(TensordError):
+    """Valid credentials that do not allow this model."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class OutOfMemoryError(ResourceExhaustedError):
     """The device (or host) ran out of memory for a batch, even after splitting it."""
 

@@ -42,7 +42,32 @@ def test_every_setting_has_an_env_variable() -> None:
     assert (
         env_keys()["TENSORD_SERVER_MAX_RECEIVE_MESSAGE_BYTES"] == "server.max_receive_message_bytes"
     )
-    assert len(env_keys()) == 10
+    assert {v for v in env_keys().values() if "." not in v} == {
+        "model_repository",
+        "cache_directory",
+    }
+    tables = {"tls", "auth", "limits", "metrics", "tracing"}
+    assert sorted(v for v in env_keys().values() if v.split(".")[0] in tables) == [
+        "auth.burst",
+        "auth.open_health",
+        "auth.open_reflection",
+        "auth.rate_per_second",
+        "auth.token_file",
+        "limits.max_generate_streams",
+        "limits.max_prompt_tokens",
+        "metrics.listen",
+        "tls.cert_file",
+        "tls.client_ca_file",
+        "tls.key_file",
+        "tracing.enabled",
+        "tracing.otlp_endpoint",
+        "tracing.sample_ratio",
+        "tracing.service_name",
+    ]
+    assert env_keys()["TENSORD_TLS_CLIENT_CA_FILE"] == "tls.client_ca_file"
+    assert env_keys()["TENSORD_SERVER_MAX_CONNECTION_AGE_SECONDS"] == (
+        "server.max_connection_age_seconds"
+    )
 
 
 def test_errors_name_the_field(tmp_path: Path) -> None:
@@ -126,3 +151,35 @@ def test_dynamic_batching_settings(tmp_path: Path) -> None:
         ModelLoadError, match=r"preferred_batch_size \[8\] exceeds max_batch_size 4"
     ):
         read_model_config(tmp_path)
+
+
+def test_security_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "tensord.toml"
+    path.parent.mkdir()
+    path.write_text(
+        '[tls]\ncert_file = "tls/server.crt"\nkey_file = "/abs/server.key"\n'
+        '[auth]\ntoken_file = "tokens.toml"\nrate_per_second = 2.5\n'
+        '[metrics]\nlisten = "127.0.0.1:9464"\n'
+    )
+    config = load_config(path, env={"TENSORD_TLS_CLIENT_CA_FILE": "ca.crt"})
+    assert config.tls.cert_file == tmp_path / "etc" / "tls" / "server.crt"
+    assert config.tls.key_file == Path("/abs/server.key")
+    assert config.tls.client_ca_file == Path.cwd() / "ca.crt"  # from a variable: the cwd
+    assert config.auth.token_file == tmp_path / "etc" / "tokens.toml"
+    assert (config.auth.rate_per_second, config.metrics.listen) == (2.5, "127.0.0.1:9464")
+    assert not config.tracing.enabled and config.limits.max_generate_streams == 0
+    unset = load_config(path, env={"TENSORD_AUTH_TOKEN_FILE": ""})
+    assert unset.auth.token_file is None and not unset.auth.enabled
+
+
+def test_security_settings_errors(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        '[metrics]\nlisten = "9464"\n[auth]\nrate_per_second = -1\n[tracing]\nsample_ratio = 2\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    text = str(info.value)
+    assert "metrics.listen: Value error, expected HOST:PORT such as 127.0.0.1:50051" in text
+    assert "auth.rate_per_second: Input should be greater than or equal to 0 (got -1)" in text
+    assert "tracing.sample_ratio: Input should be less than or equal to 1 (got 2)" in text

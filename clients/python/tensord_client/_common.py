@@ -45,32 +45,45 @@ def _pem(value: bytes | str | Path | None) -> bytes | None:
     return Path(value).read_bytes()
 
 
+def service_config(retries: int, round_robin: bool) -> dict[str, Any]:
+    """gRPC service config: retries on UNAVAILABLE; with round_robin, spread calls over every
+    address of the target and skip those whose grpc.health.v1 status is not SERVING."""
+    config: dict[str, Any] = {}
+    if retries > 0:
+        config["methodConfig"] = [
+            {
+                "name": [{"service": SERVICE}],
+                "retryPolicy": {
+                    "maxAttempts": min(retries + 1, 5),
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    if round_robin:
+        config["loadBalancingConfig"] = [{"round_robin": {}}]
+        config["healthCheckConfig"] = {"serviceName": SERVICE}
+    return config
+
+
 def channel_options(
-    retries: int, tls: TLSOptions | None, extra: Iterable[tuple[str, object]]
+    retries: int,
+    tls: TLSOptions | None,
+    extra: Iterable[tuple[str, object]],
+    round_robin: bool = False,
 ) -> list[tuple[str, object]]:
-    """Channel options: gRPC's own retry policy on UNAVAILABLE, message limits, TLS override."""
+    """Channel options: gRPC's own retry policy on UNAVAILABLE, load balancing, message
+    limits, TLS override."""
     options: list[tuple[str, object]] = [
         ("grpc.max_receive_message_length", 256 * 1024 * 1024),
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ("grpc.enable_retries", 1 if retries > 0 else 0),
     ]
-    if retries > 0:
-        policy = {
-            "methodConfig": [
-                {
-                    "name": [{"service": SERVICE}],
-                    "retryPolicy": {
-                        "maxAttempts": min(retries + 1, 5),
-                        "initialBackoff": "0.1s",
-                        "maxBackoff": "2s",
-                        "backoffMultiplier": 2,
-                        "retryableStatusCodes": ["UNAVAILABLE"],
-                    },
-                }
-            ]
-        }
-        options += [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(policy))]
-    else:
-        options.append(("grpc.enable_retries", 0))
+    config = service_config(retries, round_robin)
+    if config:
+        options.append(("grpc.service_config", json.dumps(config)))
     if tls is not None and tls.server_name_override:
         options.append(("grpc.ssl_target_name_override", tls.server_name_override))
     options.extend(extra)
@@ -118,6 +131,25 @@ def generate_request(
     )
 
 
-def metadata(request_id: str | None) -> tuple[tuple[str, str], ...]:
-    """Call metadata carrying an x-request-id when one is given."""
-    return (("x-request-id", request_id),) if request_id else ()
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """`authorization: Bearer <token>` when a token is given."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def metadata(
+    request_id: str | None, base: tuple[tuple[str, str], ...] = ()
+) -> tuple[tuple[str, str], ...]:
+    """Call metadata: `base` (the credentials) and an x-request-id when one is given."""
+    return (*base, ("x-request-id", request_id)) if request_id else base
+
+
+def retry_after(error: grpc.RpcError) -> float | None:
+    """Seconds the server asked the caller to wait (a rate limit's push-back), if any."""
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for key, value in trailers or ():
+        if key == "grpc-retry-pushback-ms":
+            try:
+                return int(value) / 1e3
+            except ValueError:
+                return None
+    return None

@@ -14,6 +14,7 @@ from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client._common import (
     DEFAULT_TARGET,
     TLSOptions,
+    auth_metadata,
     channel_options,
     generate_request,
     metadata,
@@ -32,9 +33,11 @@ class AsyncClient:
         timeout: float | None = 30.0,
         tls: TLSOptions | None = None,
         retries: int = 3,
+        token: str | None = None,
+        round_robin: bool = False,
         options: Iterable[tuple[str, object]] = (),
     ) -> None:
-        opts = channel_options(retries, tls, options)
+        opts = channel_options(retries, tls, options, round_robin)
         self._channel = (
             grpc.aio.secure_channel(target, tls.credentials(), options=opts)
             if tls is not None
@@ -42,6 +45,7 @@ class AsyncClient:
         )
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self.timeout = timeout
+        self._auth = auth_metadata(token)
 
     def _deadline(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout
@@ -82,7 +86,7 @@ class AsyncClient:
         """Predict, returning the whole response message (version, timing)."""
         request = predict_request(model, inputs, version, outputs, typed)
         response: pb.PredictResponse = await self._stub.Predict(
-            request, timeout=self._deadline(timeout), metadata=metadata(request_id)
+            request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
         return response
 
@@ -100,7 +104,7 @@ class AsyncClient:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...)."""
         request = generate_request(model, prompt, token_ids, version, sampling)
         call = self._stub.Generate(
-            request, timeout=self._deadline(timeout), metadata=metadata(request_id)
+            request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
         try:
             async for chunk in call:
@@ -111,14 +115,14 @@ class AsyncClient:
     async def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
         """Server and model health."""
         response: pb.HealthResponse = await self._stub.Health(
-            pb.HealthRequest(model=model), timeout=self._deadline(timeout)
+            pb.HealthRequest(model=model), timeout=self._deadline(timeout), metadata=self._auth
         )
         return response
 
     async def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
         """Server, devices, providers and models."""
         response: pb.InfoResponse = await self._stub.Info(
-            pb.InfoRequest(), timeout=self._deadline(timeout)
+            pb.InfoRequest(), timeout=self._deadline(timeout), metadata=self._auth
         )
         return response
 

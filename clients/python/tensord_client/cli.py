@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="client private key (PEM) for mutual TLS")
+    parser.add_argument(
+        "--tls-server-name", help="name to verify in the server's certificate, if not the target's"
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("TENSORD_TOKEN") or None,
+        help="bearer token sent on every call (default: $TENSORD_TOKEN)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     health = sub.add_parser("health", help="server and model health (exit 1 if not serving)")
     health.add_argument("model", nargs="?", help="one model only")
@@ -248,11 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     tls = None
     if args.tls_ca or args.tls_cert:
+        if bool(args.tls_cert) != bool(args.tls_key):
+            raise SystemExit("tensorctl: --tls-cert and --tls-key go together (mutual TLS)")
         tls = TLSOptions(
-            root_certificates=args.tls_ca, certificate_chain=args.tls_cert, private_key=args.tls_key
+            root_certificates=args.tls_ca,
+            certificate_chain=args.tls_cert,
+            private_key=args.tls_key,
+            server_name_override=args.tls_server_name,
         )
     try:
-        with Client(args.target, timeout=args.timeout, tls=tls) as client:
+        with Client(args.target, timeout=args.timeout, tls=tls, token=args.token) as client:
             return int(args.func(client, args))
     except grpc.RpcError as exc:
         print(f"tensorctl: {exc.code().name}: {exc.details()}", file=sys.stderr)

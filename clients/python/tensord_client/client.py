@@ -14,6 +14,7 @@ from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client._common import (
     DEFAULT_TARGET,
     TLSOptions,
+    auth_metadata,
     channel_options,
     generate_request,
     metadata,
@@ -27,7 +28,12 @@ class Client:
 
     `timeout` is the default deadline in seconds for each call (None: no deadline).
     Calls that fail with UNAVAILABLE are retried up to `retries` times by gRPC itself.
-    Errors surface as grpc.RpcError with the server's status code and message.
+    `token` is sent as `authorization: Bearer <token>` on every call. With
+    `round_robin=True` and a target such as `ipv4:10.0.0.1:50051,10.0.0.2:50051` (or a DNS
+    name with several addresses), calls are spread over every daemon and those not
+    reporting SERVING on grpc.health.v1 are skipped.
+    Errors surface as grpc.RpcError with the server's status code and message;
+    `tensord_client.retry_after(error)` gives a rate limit's wait in seconds.
     """
 
     def __init__(
@@ -37,9 +43,11 @@ class Client:
         timeout: float | None = 30.0,
         tls: TLSOptions | None = None,
         retries: int = 3,
+        token: str | None = None,
+        round_robin: bool = False,
         options: Iterable[tuple[str, object]] = (),
     ) -> None:
-        opts = channel_options(retries, tls, options)
+        opts = channel_options(retries, tls, options, round_robin)
         self._channel = (
             grpc.secure_channel(target, tls.credentials(), options=opts)
             if tls is not None
@@ -47,6 +55,7 @@ class Client:
         )
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self.timeout = timeout
+        self._auth = auth_metadata(token)
 
     def _deadline(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout
@@ -87,7 +96,7 @@ class Client:
         """Predict, returning the whole response message (version, timing)."""
         request = predict_request(model, inputs, version, outputs, typed)
         response: pb.PredictResponse = self._stub.Predict(
-            request, timeout=self._deadline(timeout), metadata=metadata(request_id)
+            request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
         return response
 
@@ -105,7 +114,7 @@ class Client:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...)."""
         request = generate_request(model, prompt, token_ids, version, sampling)
         call = self._stub.Generate(
-            request, timeout=self._deadline(timeout), metadata=metadata(request_id)
+            request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
         try:
             yield from call
@@ -115,14 +124,14 @@ class Client:
     def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
         """Server and model health."""
         response: pb.HealthResponse = self._stub.Health(
-            pb.HealthRequest(model=model), timeout=self._deadline(timeout)
+            pb.HealthRequest(model=model), timeout=self._deadline(timeout), metadata=self._auth
         )
         return response
 
     def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
         """Server, devices, providers and models."""
         response: pb.InfoResponse = self._stub.Info(
-            pb.InfoRequest(), timeout=self._deadline(timeout)
+            pb.InfoRequest(), timeout=self._deadline(timeout), metadata=self._auth
         )
         return response
 

@@ -18,7 +18,8 @@ from tensord.backends.base import DeviceOptions
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.devices import probe_gpus
-from tensord.errors import DeviceLostError, NotFoundError
+from tensord.errors import DeviceLostError, NotFoundError, UnavailableError
+from tensord.observability import Observability
 from tensord.registry.registry import (
     BackendFactory,
     ModelRegistry,
@@ -27,6 +28,7 @@ from tensord.registry.registry import (
 )
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reload import ConfigLoader, Reloader, ReloadHook, ReloadResult
+from tensord.server.security import Security, transport_options
 from tensord.server.servicer import InferenceServicer
 from tensord.server.watchdog import Watchdog
 from tensord.v1 import inference_pb2 as pb
@@ -79,17 +81,15 @@ class TensordServer:
         self._reload_queued = False
         self._started = asyncio.Event()
         self._stop_requested = asyncio.Event()
-        s = config.server
+        self.observability = Observability(config, self.registry)
+        self.security = Security(config, self.observability.rejected)
+        self.add_reload_hook(self.security.reload)  # certificates and tokens re-read on SIGHUP
+        self.observability.watch_stream_limit(self.security.stream_limit)
         self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", s.max_receive_message_bytes),
-                ("grpc.max_send_message_length", s.max_send_message_bytes),
-                # Two daemons must not share a port silently.
-                ("grpc.so_reuseport", 0),
-            ]
+            interceptors=self.security.interceptors, options=transport_options(config.server)
         )
         pb_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(self.dataplane), self._server
+            InferenceServicer(self.dataplane, self.observability.observer), self._server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
@@ -99,17 +99,25 @@ class TensordServer:
     async def start(self) -> int:
         """Listen (health NOT_SERVING), load every model, then report SERVING. Returns the port."""
         await self._sync_health()
+        self.observability.start()  # a metrics port that is taken fails before serving
         listen = self.config.server.listen
         try:
-            self.port = self._server.add_insecure_port(listen)
-            if self.watchdog is not None:
+            self.port = self.security.add_port(self._server, listen)
+            if self.watchdog is not None:  # always plain: a private unix socket
                 self._server.add_insecure_port(self.watchdog.address)
         except RuntimeError as exc:
             if self.watchdog is not None:
                 self.watchdog.close()
             raise OSError(f"cannot listen on {listen}: {exc}") from None
         await self._server.start()
-        log.info("server.listening", listen=listen, port=self.port, version=__version__)
+        log.info(
+            "server.listening",
+            listen=listen,
+            port=self.port,
+            version=__version__,
+            transport=self.security.mode,
+            auth=self.security.authenticator is not None,
+        )
         self.notifier.status(f"loading models; listening on port {self.port}")
         gpus = await asyncio.to_thread(probe_gpus)
         log.info(
@@ -215,14 +223,35 @@ class TensordServer:
         if self.watchdog is not None:
             await self.watchdog.stop()
         await self.health.enter_graceful_shutdown()
+        if self.config.server.drain_delay_seconds:
+            # Calls still arriving get UNAVAILABLE from the data plane; closing at once
+            # would cancel those gRPC has taken in but not yet handed to a handler.
+            await asyncio.sleep(self.config.server.drain_delay_seconds)
+        # Generate streams still running shortly before the grace ends are closed with
+        # UNAVAILABLE (their blocks freed), so clients see a status they can retry on,
+        # not a bare cancellation.
+        end_streams = asyncio.get_running_loop().call_later(
+            grace - min(1.0, grace / 2), lambda: self._spawn(self._end_streams())
+        )
         await self._server.stop(grace)
+        end_streams.cancel()
         self._started.set()  # a reload still waiting for start-up now sees the stop
         async with self._reload_lock:  # a reload in progress finishes its loads first
             await self.registry.close()
+        await asyncio.to_thread(self.observability.stop)  # joins a thread, flushes spans
         if self.watchdog is not None:
             self.watchdog.close()
         log.info("server.stopped", exit_code=self.exit_code)
         self.notifier.close()
+
+    async def _end_streams(self) -> None:
+        error = UnavailableError(
+            "the server is shutting down; the stream ended before it finished: retry on "
+            "another instance"
+        )
+        for entry in self.registry.versions():
+            if entry.engine is not None:
+                await asyncio.to_thread(entry.engine.close, error)
 
     async def serve_until_signal(self) -> int:
         """Start; reload on SIGHUP; drain and return the exit status on SIGTERM or SIGINT,

@@ -18,6 +18,7 @@ import grpc
 import structlog
 
 from tensord.errors import TensordError
+from tensord.server.status import error_trailers
 
 log = structlog.get_logger("tensord.request")
 
@@ -57,12 +58,33 @@ def request_id(context: Ctx) -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
-async def _fail(context: Ctx, rid: str, rpc: str, start: float, exc: BaseException) -> None:
+def _observe(
+    servicer: Any,
+    rpc: str,
+    request: Any,
+    code: grpc.StatusCode,
+    start: float,
+    rid: str,
+    context: Ctx,
+    message: str = "",
+) -> None:
+    """Hand the finished call to the servicer's observer (metrics, tracing), if it has one."""
+    observer = getattr(servicer, "observer", None)
+    if observer is not None:
+        elapsed = time.perf_counter() - start
+        model = getattr(request, "model", "")
+        observer.finished(rpc, model, code, elapsed, rid, context, message)
+
+
+async def _fail(
+    servicer: Any, request: Any, context: Ctx, rid: str, rpc: str, start: float, exc: BaseException
+) -> None:
     """Log a failure once and end the call with its status; the id rides in the trailers."""
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
-    trailers = ((REQUEST_ID, rid),)
+    trailers: tuple[tuple[str, str | bytes], ...] = ((REQUEST_ID, rid),)
     if isinstance(exc, TensordError):
         code, message = exc.code, exc.message
+        trailers += error_trailers(exc)
         if code in _CLIENT_CODES:
             log.info(
                 "request.rejected",
@@ -94,6 +116,7 @@ async def _fail(context: Ctx, rid: str, rpc: str, start: float, exc: BaseExcepti
             total_ms=total_ms,
             exc_info=exc,
         )
+    _observe(servicer, rpc, request, code, start, rid, context, message)
     await context.abort(code, message, trailing_metadata=trailers)
 
 
@@ -109,13 +132,16 @@ def unary_rpc(
         rid = request_id(context)
         context.set_trailing_metadata(((REQUEST_ID, rid),))
         try:
-            return await method(self, request, context, rid)
+            response = await method(self, request, context, rid)
         except asyncio.CancelledError:
             log.info("request.cancelled", request_id=rid, rpc=rpc)
+            _observe(self, rpc, request, grpc.StatusCode.CANCELLED, start, rid, context)
             raise
         except Exception as exc:
-            await _fail(context, rid, rpc, start, exc)
+            await _fail(self, request, context, rid, rpc, start, exc)
             raise AssertionError("unreachable: abort raises") from exc
+        _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
+        return response
 
     return handler
 
@@ -136,8 +162,11 @@ def stream_rpc(
                 yield item
         except (asyncio.CancelledError, GeneratorExit):
             log.info("request.cancelled", request_id=rid, rpc=rpc)
+            _observe(self, rpc, request, grpc.StatusCode.CANCELLED, start, rid, context)
             raise
         except Exception as exc:
-            await _fail(context, rid, rpc, start, exc)
+            await _fail(self, request, context, rid, rpc, start, exc)
+        else:
+            _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
 
     return handler

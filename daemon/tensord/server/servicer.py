@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from tensord.dataplane import DataPlane
+from tensord.observability.observer import RequestObserver
 from tensord.server import converters
 from tensord.server.context import Ctx, stream_rpc, unary_rpc
 from tensord.v1 import inference_pb2 as pb
@@ -20,8 +21,10 @@ log = structlog.get_logger("tensord.request")
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
     """Implements tensord.v1.InferenceService over a DataPlane."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, observer: RequestObserver | None = None) -> None:
         self._dataplane = dataplane
+        self.observer = observer
+        """Metrics and tracing per call (the RPC decorators use it); None when both are off."""
 
     @unary_rpc
     async def Predict(
@@ -31,6 +34,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         call = converters.predict_call(request, context.time_remaining())
         result = await self._dataplane.predict(call)
         total_us = int((time.perf_counter() - start) * 1e6)
+        if self.observer is not None:
+            self.observer.predict_timings(result.model, result.queue_s, result.compute_s)
         if log.is_enabled_for(logging.DEBUG):  # skip building the fields at info
             log.debug(
                 "request.finished",

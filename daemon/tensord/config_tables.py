@@ -1,0 +1,141 @@
+"""The `[tls]`, `[auth]`, `[limits]`, `[metrics]` and `[tracing]` tables of the configuration.
+
+They live beside `tensord.config` (which nests them in TensordConfig) and import nothing
+but pydantic, so every layer may read them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def _empty_is_none(value: Any) -> Any:
+    """An empty string (as an environment variable gives it) means unset."""
+    return None if value == "" else value
+
+
+def check_host_port(value: str) -> str:
+    """HOST:PORT with a numeric port (IPv6 hosts in brackets)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT such as 127.0.0.1:50051, got {value!r}")
+    return value
+
+
+class TLSSettings(BaseModel):
+    """The `[tls]` table: the gRPC port speaks TLS when a certificate and key are set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert_file: Path | None = None
+    """PEM certificate chain the server presents (leaf first). With `key_file`, the gRPC
+    port serves TLS only; unset, it serves plaintext."""
+    key_file: Path | None = None
+    """PEM private key of `cert_file`."""
+    client_ca_file: Path | None = None
+    """PEM bundle of certificate authorities. When set, every client must present a
+    certificate signed by one of them (mutual TLS); unset, client certificates are not asked
+    for."""
+
+    @field_validator("cert_file", "key_file", "client_ca_file", mode="before")
+    @classmethod
+    def _unset(cls, value: Any) -> Any:
+        return _empty_is_none(value)
+
+    @model_validator(mode="after")
+    def _pairs(self) -> TLSSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("set both cert_file and key_file, or neither")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError("client_ca_file needs cert_file and key_file (mutual TLS is TLS)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """True when the server serves TLS."""
+        return self.cert_file is not None
+
+
+class AuthSettings(BaseModel):
+    """The `[auth]` table: bearer tokens from a file of hashes, each with allowed models."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token_file: Path | None = None
+    """TOML file of `[[token]]` entries (name, sha256, models, optional rate limits); see
+    the README's Authentication section and `tensord hash-token`. Unset: no authentication.
+    Re-read on reload; turning authentication on or off needs a restart."""
+    open_health: bool = True
+    """`grpc.health.v1.Health` and `tensord.v1.InferenceService/Health` answer without a
+    token, so load balancers and probes need none."""
+    open_reflection: bool = False
+    """Server reflection answers without a token (it describes the API, never data)."""
+    rate_per_second: float = Field(default=0.0, ge=0)
+    """Requests per second each token may make, unless its entry sets its own; 0: no limit.
+    Beyond it, RESOURCE_EXHAUSTED with the time to wait."""
+    burst: int = Field(default=0, ge=0)
+    """Requests a token may make at once above its rate (the bucket size); 0: the rate
+    rounded up, at least 1."""
+
+    @field_validator("token_file", mode="before")
+    @classmethod
+    def _unset(cls, value: Any) -> Any:
+        return _empty_is_none(value)
+
+    @property
+    def enabled(self) -> bool:
+        """True when requests must bring a token."""
+        return self.token_file is not None
+
+
+class LimitsSettings(BaseModel):
+    """The `[limits]` table: admission limits beyond the transport's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_prompt_tokens: int = Field(default=0, ge=0)
+    """Longest prompt, in tokens, that Generate accepts (longer: INVALID_ARGUMENT); 0: only
+    the model's context length bounds it."""
+    max_generate_streams: int = Field(default=0, ge=0)
+    """Generate streams in progress at once across the daemon; more get RESOURCE_EXHAUSTED
+    at once. 0: no limit beyond the engine's own."""
+
+
+class MetricsSettings(BaseModel):
+    """The `[metrics]` table: Prometheus metrics on their own HTTP port."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = ""
+    """HOST:PORT of the HTTP endpoint that serves `/metrics` in the Prometheus text format;
+    empty (the default): no endpoint and no recording. Port 0 picks a free port."""
+
+    @field_validator("listen")
+    @classmethod
+    def _check(cls, value: str) -> str:
+        return check_host_port(value) if value else value
+
+    @property
+    def enabled(self) -> bool:
+        """True when the endpoint is served."""
+        return bool(self.listen)
+
+
+class TracingSettings(BaseModel):
+    """The `[tracing]` table: OpenTelemetry spans, one per RPC (the `otel` extra)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    """Export a span per RPC (model, status, request id). Needs `pip install tensord[otel]`;
+    enabled without it, the daemon logs `tracing.unavailable` and serves on."""
+    service_name: str = "tensord"
+    """The `service.name` resource attribute of the spans."""
+    otlp_endpoint: str = ""
+    """OTLP/gRPC collector such as `http://127.0.0.1:4317`; empty: the exporter's own
+    default or the OTEL_EXPORTER_OTLP_* variables."""
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of traces sampled at the root; a caller's sampled `traceparent` is followed."""

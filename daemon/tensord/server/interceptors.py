@@ -1,0 +1,153 @@
+"""Server interceptors: authentication (with per-token rate limits) and stream admission.
+
+An aio interceptor sees the method and the metadata, not the request message, so the
+split is: the interceptor authenticates the caller and stores it in
+`tensord.access.current_principal` (the call's handler runs in the same context), and the
+data plane checks the model against it. Refusals end the call here, with the status and
+message of the TensordError and the caller's x-request-id in the trailers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+
+from tensord.access import current_principal
+from tensord.errors import ResourceExhaustedError, TensordError
+from tensord.server.auth import Authenticator
+from tensord.server.context import REQUEST_ID, request_id
+from tensord.server.status import error_trailers
+
+log = structlog.get_logger("tensord.request")
+
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+# Called for every refused call: (method, status code).
+RejectHook = Callable[[str, grpc.StatusCode], None]
+GENERATE_METHOD = "/tensord.v1.InferenceService/Generate"
+
+
+async def _abort(
+    context: grpc.aio.ServicerContext[Any, Any], exc: TensordError, method: str
+) -> None:
+    """Log the refusal and end the call with its status; the request id rides in trailers."""
+    rid = request_id(context)
+    rpc = method.rpartition("/")[2]
+    log.info("request.rejected", request_id=rid, rpc=rpc, status=exc.code.name, error=exc.message)
+    trailers = ((REQUEST_ID, rid), *error_trailers(exc))
+    await context.abort(exc.code, exc.message, trailing_metadata=trailers)
+
+
+def _refusal(
+    handler: grpc.RpcMethodHandler, exc: TensordError, method: str
+) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that ends the call with `exc`'s status."""
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await _abort(context, exc, method)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await _abort(context, exc, method)
+        yield  # pragma: no cover - abort raises; this makes it an async generator
+
+    # No deserializer: a refused request's bytes are never parsed.
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(streaming)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(unary)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(streaming)
+    return grpc.unary_unary_rpc_method_handler(unary)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Lets a call through when it brings a known bearer token within its rate."""
+
+    def __init__(self, authenticator: Authenticator, on_reject: RejectHook | None = None) -> None:
+        self._auth = authenticator
+        self._on_reject = on_reject
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+        if self._auth.is_open(method):
+            return await continuation(handler_call_details)
+        try:
+            principal = self._auth.admit(handler_call_details.invocation_metadata)
+        except TensordError as exc:
+            handler = await continuation(handler_call_details)
+            if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED
+                return None
+            if self._on_reject is not None:
+                self._on_reject(method, exc.code)
+            return _refusal(handler, exc, method)
+        # The handler runs in this call's task, so it sees the principal set here.
+        current_principal.set(principal)
+        return await continuation(handler_call_details)
+
+
+class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
+    """At most `limit` Generate streams at once across the daemon; more are refused at once.
+
+    A slot is taken when the handler starts (check and take with no await between them, so
+    calls arriving together cannot overshoot) and given back when its stream ends, fails or
+    is cancelled.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        method: str = GENERATE_METHOD,
+        on_reject: RejectHook | None = None,
+    ) -> None:
+        self.limit = limit
+        self.active = 0
+        self._method = method
+        self._on_reject = on_reject
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method != self._method:
+            return handler
+        if not handler.response_streaming or handler.request_streaming:
+            return handler
+        behavior = handler.unary_stream
+
+        async def held(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            if self.active >= self.limit:
+                if self._on_reject is not None:
+                    self._on_reject(self._method, grpc.StatusCode.RESOURCE_EXHAUSTED)
+                await _abort(
+                    context,
+                    ResourceExhaustedError(
+                        f"{self.active} Generate streams are in progress, the most this server "
+                        f"takes ([limits] max_generate_streams = {self.limit}); retry shortly"
+                    ),
+                    self._method,
+                )
+            self.active += 1
+            try:
+                async for item in _stream(behavior(request, context)):
+                    yield item
+            finally:
+                self.active -= 1
+
+        return grpc.unary_stream_rpc_method_handler(
+            held,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+async def _stream(result: Any) -> AsyncIterator[Any]:
+    """A handler's stream, whether it is an async generator or a coroutine returning one."""
+    if hasattr(result, "__aiter__"):
+        async for item in result:
+            yield item
+    else:
+        await result

@@ -1,0 +1,113 @@
+"""TLS and mutual TLS for the gRPC port, with certificates that can be re-read while serving.
+
+gRPC's dynamic server credentials ask a fetcher for a new certificate configuration before
+every TLS handshake; `reload()` reads and checks the files and hands the fetcher the new
+configuration, so new connections get the new certificate while open ones carry on.
+"""
+
+from __future__ import annotations
+
+import ssl
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import structlog
+
+from tensord.config_tables import TLSSettings
+from tensord.errors import ConfigError
+
+log = structlog.get_logger("tensord.tls")
+
+
+@dataclass(slots=True, frozen=True)
+class CertificateFiles:
+    """The PEM contents read from the [tls] files."""
+
+    cert_chain: bytes
+    private_key: bytes
+    client_ca: bytes | None
+
+
+def read_certificates(settings: TLSSettings) -> CertificateFiles:
+    """Read and check the files: the key must match the certificate, the CA bundle must
+    parse; ConfigError names the file and the problem."""
+    if settings.cert_file is None or settings.key_file is None:
+        raise ConfigError("tls: cert_file and key_file are not set")
+    cert = _read(settings.cert_file, "cert_file")
+    key = _read(settings.key_file, "key_file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(settings.cert_file, settings.key_file)
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"tls: {settings.cert_file} and {settings.key_file} are not a PEM certificate "
+            f"chain and its private key ({exc.reason or exc})"
+        ) from None
+    ca = None
+    if settings.client_ca_file is not None:
+        ca = _read(settings.client_ca_file, "client_ca_file")
+        try:
+            context.load_verify_locations(cafile=str(settings.client_ca_file))
+        except ssl.SSLError as exc:
+            raise ConfigError(
+                f"tls: client_ca_file {settings.client_ca_file} holds no PEM certificate "
+                f"({exc.reason or exc})"
+            ) from None
+    return CertificateFiles(cert, key, ca)
+
+
+def _read(path: Path, key: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"tls: {key} {path}: cannot read: {exc.strerror}") from None
+
+
+def _configuration(files: CertificateFiles) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration(
+        [(files.private_key, files.cert_chain)], root_certificates=files.client_ca
+    )
+
+
+class ServerTLS:
+    """The server's TLS credentials; `reload()` swaps certificates for new connections.
+
+    Whether client certificates are required is fixed at start (it is part of the
+    credentials); a reload can change the certificate, the key and the client CA bundle.
+    """
+
+    def __init__(self, settings: TLSSettings) -> None:
+        self.settings = settings
+        self.files = read_certificates(settings)
+        self.mutual = settings.client_ca_file is not None
+        self._pending: grpc.ServerCertificateConfiguration | None = None
+        self._lock = threading.Lock()  # the fetcher runs on gRPC's threads
+        self.credentials = grpc.dynamic_ssl_server_credentials(
+            _configuration(self.files),
+            self._fetch,
+            require_client_authentication=self.mutual,
+        )
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """gRPC asks before each handshake: a new configuration once after a reload."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        return pending
+
+    def reload(self, settings: TLSSettings | None = None) -> None:
+        """Re-read the certificate, key and client CA; a bad set keeps the old one in force
+        and raises ConfigError."""
+        settings = settings or self.settings
+        if (settings.client_ca_file is not None) != self.mutual:
+            raise ConfigError("tls: turning mutual TLS on or off (client_ca_file) needs a restart")
+        files = read_certificates(settings)
+        with self._lock:
+            self._pending = _configuration(files)
+            self.files, self.settings = files, settings
+        log.info(
+            "tls.reloaded",
+            cert_file=str(settings.cert_file),
+            client_ca_file=str(settings.client_ca_file) if settings.client_ca_file else None,
+        )

@@ -1,0 +1,192 @@
+"""Bearer tokens on a real server: UNAUTHENTICATED, PERMISSION_DENIED, open health and
+reflection, rate limits with their retry hints, re-reading the token file."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from tensord.server.auth import hash_token, token_entry
+from tensord.v1 import inference_pb2 as pb
+from tensord_client import Client, retry_after
+from tensord_client.cli import main as tensorctl
+from tests.conftest import ServerThread, serve
+
+ADMIN = "admin-token-aaaaaaaaaaaaaaaaaaaa"
+MLP_ONLY = "mlp-only-token-bbbbbbbbbbbbbbbbbb"
+LIMITED = "limited-token-cccccccccccccccccc"
+X = np.zeros((1, 512), np.float32)
+IMAGE = np.zeros((1, 3, 32, 32), np.uint8)
+Code = grpc.StatusCode
+
+
+def write_tokens(path: Path) -> Path:
+    path.write_text(
+        token_entry("admin", hash_token(ADMIN), ["*"])
+        + token_entry("mlp-only", hash_token(MLP_ONLY), ["mlp"])
+        + token_entry("limited", hash_token(LIMITED), ["*"], rate=1.0, burst=2)
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tokens(tmp_path_factory.mktemp("auth") / "tokens.toml")
+
+
+@pytest.fixture(scope="module")
+def auth_server(small_repo: Path, token_file: Path) -> Iterator[ServerThread]:
+    srv = serve(small_repo, auth__token_file=token_file)
+    yield srv
+    srv.stop()
+
+
+def client(srv: ServerThread, token: str | None) -> Client:
+    return Client(srv.target, timeout=10, retries=0, token=token)
+
+
+def error_of(call) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value
+
+
+def test_calls_without_a_valid_token_are_unauthenticated(auth_server: ServerThread) -> None:
+    for token in (None, "wrong-token-dddddddddddddddddd"):
+        with client(auth_server, token) as c:
+            for call in (lambda: c.predict("mlp", {"input": X}), c.info):
+                err = error_of(call)
+                assert err.code() == Code.UNAUTHENTICATED
+    with client(auth_server, None) as c:
+        err = error_of(lambda: c.predict("mlp", {"input": X}, request_id="job-1"))
+    assert err.details().startswith("missing credentials: send the metadata 'authorization")
+    assert ("x-request-id", "job-1") in err.trailing_metadata()
+    with client(auth_server, "wrong-token-dddddddddddddddddd") as c:
+        err = error_of(lambda: list(c.generate("mlp", "hi")))
+    assert err.code() == Code.UNAUTHENTICATED
+    assert err.details() == "invalid bearer token: it matches no entry of the server's token file"
+
+
+def test_models_outside_the_allow_list_are_permission_denied(auth_server: ServerThread) -> None:
+    with client(auth_server, MLP_ONLY) as c:
+        assert c.predict("mlp", {"input": X})["output"].shape == (1, 10)
+        for model in ("cnn", "no-such-model"):  # an unknown model reveals nothing either
+            err = error_of(lambda m=model: c.predict(m, {"image": IMAGE}))
+            assert err.code() == Code.PERMISSION_DENIED
+            assert err.details().startswith(f"token 'mlp-only' may not use model '{model}'")
+        err = error_of(lambda: list(c.generate("cnn", "hi")))
+        assert err.code() == Code.PERMISSION_DENIED
+        assert len(c.info().models) == 3  # any valid token may read Info
+    with client(auth_server, ADMIN) as c:
+        assert c.predict("cnn", {"image": IMAGE})["probabilities"].shape == (1, 10)
+        assert error_of(lambda: c.predict("nope", {"x": X})).code() == Code.NOT_FOUND
+
+
+def test_health_is_open_and_reflection_closed_by_default(auth_server: ServerThread) -> None:
+    with client(auth_server, None) as c:
+        assert [m.name for m in c.health().models] == ["cnn", "mlp", "mlp_batched"]
+    with grpc.insecure_channel(auth_server.target) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        err = error_of(lambda: list_services(channel))
+        assert err.code() == Code.UNAUTHENTICATED
+        assert list_services(channel, ADMIN) == [
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+            "tensord.v1.InferenceService",
+        ]
+
+
+def list_services(channel: grpc.Channel, token: str | None = None) -> list[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    replies = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
+        metadata=metadata,
+        timeout=10,
+    )
+    return sorted(s.name for r in replies for s in r.list_services_response.service)
+
+
+def test_closed_health_and_open_reflection(small_repo: Path, token_file: Path) -> None:
+    srv = serve(
+        small_repo, auth__token_file=token_file, auth__open_health=False, auth__open_reflection=1
+    )
+    try:
+        with grpc.insecure_channel(srv.target) as channel:
+            assert "tensord.v1.InferenceService" in list_services(channel)
+            err = error_of(
+                lambda: health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+            )
+            assert err.code() == Code.UNAUTHENTICATED
+        with client(srv, None) as c:
+            assert error_of(c.health).code() == Code.UNAUTHENTICATED
+        with client(srv, MLP_ONLY) as c:
+            assert c.health().status == pb.SERVING_STATUS_SERVING
+    finally:
+        srv.stop()
+
+
+def test_rate_limit_answers_resource_exhausted_with_a_retry_hint(
+    auth_server: ServerThread,
+) -> None:
+    with client(auth_server, LIMITED) as c:  # 1 request/s, burst 2: the third call waits
+        c.predict("mlp", {"input": X})
+        c.predict("mlp", {"input": X})
+        err = error_of(lambda: c.predict("mlp", {"input": X}))
+        assert err.code() == Code.RESOURCE_EXHAUSTED
+        assert err.details().startswith(
+            "token 'limited' is over its rate limit of 1 requests/s (burst 2); retry in "
+        )
+        wait = retry_after(err)
+        assert wait is not None and 0 < wait <= 1.0
+        assert err.details().endswith(f"retry in {wait:.3f} s")
+        trailers = dict(err.trailing_metadata())
+        status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+        assert (status.code, status.message) == (Code.RESOURCE_EXHAUSTED.value[0], err.details())
+        info = error_details_pb2.RetryInfo()
+        assert status.details[0].Unpack(info)
+        assert info.retry_delay.ToMilliseconds() == int(trailers["grpc-retry-pushback-ms"])
+        time.sleep(wait)
+        assert c.predict("mlp", {"input": X})["output"].shape == (1, 10)
+    with client(auth_server, ADMIN) as c:  # other tokens are not held back
+        for _ in range(5):
+            c.predict("mlp", {"input": X})
+
+
+def test_reload_reads_the_token_file_again(small_repo: Path, tmp_path: Path) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(token_entry("admin", hash_token(ADMIN), ["*"]))
+    srv = serve(small_repo, auth__token_file=path)
+    try:
+        assert srv.server is not None
+        with client(srv, ADMIN) as c:
+            c.predict("mlp", {"input": X})
+        path.write_text(token_entry("mlp-only", hash_token(MLP_ONLY), ["mlp"]))
+        srv.server.security.reload()
+        with client(srv, ADMIN) as c:
+            assert error_of(lambda: c.predict("mlp", {"input": X})).code() == Code.UNAUTHENTICATED
+        with client(srv, MLP_ONLY) as c:
+            c.predict("mlp", {"input": X})
+    finally:
+        srv.stop()
+
+
+def test_tensorctl_sends_the_token(
+    auth_server: ServerThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert tensorctl(["--target", auth_server.target, "info"]) == 1
+    assert "tensorctl: UNAUTHENTICATED: missing credentials" in capsys.readouterr().err
+    assert tensorctl(["--target", auth_server.target, "--token", ADMIN, "--json", "info"]) == 0
+    monkeypatch.setenv("TENSORD_TOKEN", MLP_ONLY)
+    args = ["--target", auth_server.target, "predict", "cnn", "-i", "image=[[[[0]]]]"]
+    assert tensorctl(args) == 1
+    assert "PERMISSION_DENIED: token 'mlp-only' may not use model 'cnn'" in capsys.readouterr().err

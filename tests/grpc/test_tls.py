@@ -1,0 +1,160 @@
+"""TLS and mutual TLS on a real server, with certificates made by the test; re-reading them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from tensord.errors import ConfigError
+from tensord_client import Client, TLSOptions
+from tensord_client.cli import main as tensorctl
+from tests.certs import CertificateAuthority, Issued
+from tests.conftest import ServerThread, serve
+
+# Every client gets its own connection: no subchannel shared between test clients.
+FRESH = [("grpc.use_local_subchannel_pool", 1)]
+X = np.zeros((1, 512), np.float32)
+
+
+@dataclass
+class PKI:
+    ca: CertificateAuthority
+    other_ca: CertificateAuthority
+    server: Issued
+    client: Issued
+    stranger: Issued
+    """A client certificate from a CA the server does not trust."""
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> PKI:
+    root = tmp_path_factory.mktemp("pki")
+    ca = CertificateAuthority(root, "tensord test CA")
+    other = CertificateAuthority(root, "other CA")
+    return PKI(
+        ca,
+        other,
+        ca.issue("tensord.test", server=True, stem="server"),
+        ca.issue("client-1", server=False),
+        other.issue("stranger", server=False),
+    )
+
+
+def client(srv: ServerThread, tls: TLSOptions | None) -> Client:
+    return Client(srv.target, timeout=10, tls=tls, retries=0, options=FRESH)
+
+
+def healthy(srv: ServerThread, tls: TLSOptions | None) -> bool:
+    with client(srv, tls) as c:
+        try:
+            c.health()
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def tls_server(small_repo: Path, pki: PKI) -> Iterator[ServerThread]:
+    srv = serve(small_repo, tls__cert_file=pki.server.cert_file, tls__key_file=pki.server.key_file)
+    yield srv
+    srv.stop()
+
+
+def test_tls_serves_clients_that_trust_the_ca(tls_server: ServerThread, pki: PKI) -> None:
+    trusted = TLSOptions(root_certificates=pki.ca.cert_file)
+    with client(tls_server, trusted) as c:
+        assert c.predict("mlp", {"input": X})["output"].shape == (1, 10)
+    # The certificate also names tensord.test: a client may verify that name instead.
+    by_name = TLSOptions(root_certificates=pki.ca.cert_pem, server_name_override="tensord.test")
+    assert healthy(tls_server, by_name)
+    assert tls_server.server is not None and tls_server.server.security.mode == "tls"
+
+
+def test_tls_refuses_plaintext_and_untrusted_servers(tls_server: ServerThread, pki: PKI) -> None:
+    assert not healthy(tls_server, None)
+    assert not healthy(tls_server, TLSOptions(root_certificates=pki.other_ca.cert_file))
+
+
+def test_mutual_tls_requires_a_client_certificate_from_the_ca(
+    small_repo: Path, pki: PKI, capsys: pytest.CaptureFixture[str]
+) -> None:
+    srv = serve(
+        small_repo,
+        tls__cert_file=pki.server.cert_file,
+        tls__key_file=pki.server.key_file,
+        tls__client_ca_file=pki.ca.cert_file,
+    )
+    try:
+        ca = pki.ca.cert_file
+        assert srv.server is not None and srv.server.security.mode == "mtls"
+        assert not healthy(srv, TLSOptions(root_certificates=ca))
+        stranger = pki.stranger
+        assert not healthy(
+            srv, TLSOptions(ca, certificate_chain=stranger.cert_file, private_key=stranger.key_file)
+        )
+        mine = TLSOptions(ca, certificate_chain=pki.client.cert_pem, private_key=pki.client.key_pem)
+        with client(srv, mine) as c:
+            assert c.predict("mlp", {"input": X})["output"].shape == (1, 10)
+        flags = ["--tls-ca", str(ca), "--tls-cert", str(pki.client.cert_file)]
+        flags += ["--tls-key", str(pki.client.key_file)]
+        assert tensorctl(["--target", srv.target, *flags, "health"]) == 0
+        out = capsys.readouterr().out  # the server's log lines share stdout
+        assert "\nserver: SERVING\n" in out and "\nmlp          1        READY\n" in out
+        with pytest.raises(SystemExit, match="--tls-cert and --tls-key go together"):
+            tensorctl(["--target", srv.target, *flags[:4], "health"])
+    finally:
+        srv.stop()
+
+
+def test_reload_serves_new_certificates_to_new_connections(
+    small_repo: Path, pki: PKI, tmp_path: Path
+) -> None:
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    cert.write_bytes(pki.server.cert_pem)
+    key.write_bytes(pki.server.key_pem)
+    srv = serve(small_repo, tls__cert_file=cert, tls__key_file=key)
+    try:
+        assert srv.server is not None
+        security = srv.server.security
+        old, new = TLSOptions(pki.ca.cert_file), TLSOptions(pki.other_ca.cert_file)
+        assert healthy(srv, old) and not healthy(srv, new)
+        renewed = pki.other_ca.issue("tensord.test", server=True, stem="renewed")
+        cert.write_bytes(renewed.cert_pem)
+        key.write_bytes(renewed.key_pem)
+        security.reload()
+        assert healthy(srv, new) and not healthy(srv, old)
+        # A key that does not belong to the certificate: refused, the renewed pair stays.
+        key.write_bytes(pki.client.key_pem)
+        with pytest.raises(ConfigError, match="are not a PEM certificate chain and its private"):
+            security.reload()
+        os.remove(cert)
+        with pytest.raises(ConfigError, match=r"tls: cert_file .*: cannot read"):
+            security.reload()
+        assert healthy(srv, new)
+    finally:
+        srv.stop()
+
+
+def test_bad_tls_settings_fail_at_start(small_repo: Path, pki: PKI, tmp_path: Path) -> None:
+    from tensord.config import load_config
+
+    with pytest.raises(ConfigError, match="set both cert_file and key_file, or neither"):
+        load_config(None, env={"TENSORD_TLS_CERT_FILE": str(pki.server.cert_file)})
+    with pytest.raises(ConfigError, match="client_ca_file needs cert_file and key_file"):
+        load_config(None, env={"TENSORD_TLS_CLIENT_CA_FILE": str(pki.ca.cert_file)})
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate")
+    with pytest.raises(ConfigError, match="holds no PEM certificate"):
+        serve(
+            small_repo,
+            tls__cert_file=pki.server.cert_file,
+            tls__key_file=pki.server.key_file,
+            tls__client_ca_file=garbage,
+        )

@@ -1,0 +1,128 @@
+"""OpenTelemetry spans, exported over OTLP/gRPC to a collector the test runs on loopback."""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import structlog
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from tensord.config_tables import TracingSettings
+from tensord.observability.tracing import build_tracer
+from tensord_client import Client
+from tensord_client._common import predict_request
+from tests.conftest import serve
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP trace receiver that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def Export(self, request: Any, context: Any) -> Any:
+        self.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self) -> list[tuple[dict[str, Any], Any]]:
+        """(resource attributes, span) for every span received."""
+        found = []
+        for request in self.requests:
+            for rs in request.resource_spans:
+                resource = {a.key: a.value.string_value for a in rs.resource.attributes}
+                found += [(resource, span) for ss in rs.scope_spans for span in ss.spans]
+        return found
+
+
+def attributes(span: Any) -> dict[str, Any]:
+    out = {}
+    for a in span.attributes:
+        kind = a.value.WhichOneof("value")
+        out[a.key] = getattr(a.value, kind)
+    return out
+
+
+def test_a_span_per_rpc_with_model_status_and_parent(small_repo: Path) -> None:
+    collector = Collector()
+    receiver = grpc.server(ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, receiver)
+    port = receiver.add_insecure_port("127.0.0.1:0")
+    receiver.start()
+    srv = serve(
+        small_repo,
+        tracing__enabled=True,
+        tracing__service_name="tensord-test",
+        tracing__otlp_endpoint=f"http://127.0.0.1:{port}",
+    )
+    try:
+        with Client(srv.target, timeout=10, retries=0) as client:
+            x = np.zeros((1, 512), np.float32)
+            traced = client._stub.Predict(
+                predict_request("mlp", {"input": x}, 0, None, False),
+                metadata=(
+                    ("traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01"),
+                    ("x-request-id", "traced-1"),
+                ),
+                timeout=10,
+            )
+            assert traced.model == "mlp"
+            with pytest.raises(grpc.RpcError):
+                client.predict("nope", {"input": x})
+            with pytest.raises(grpc.RpcError):
+                list(client.generate("mlp", "hi"))
+    finally:
+        srv.stop()  # flushes the batch of spans
+        receiver.stop(0)
+    spans = collector.spans()
+    assert {r["service.name"] for r, _ in spans} == {"tensord-test"}
+    by_request = {attributes(s)["tensord.request_id"]: s for _, s in spans}
+    assert len(spans) == 3
+    predict = by_request["traced-1"]
+    assert predict.name == "tensord.v1.InferenceService/Predict"
+    assert predict.kind == predict.SPAN_KIND_SERVER
+    assert predict.trace_id.hex() == TRACE_ID and predict.parent_span_id.hex() == PARENT_ID
+    assert attributes(predict) == {
+        "rpc.system": "grpc",
+        "rpc.service": "tensord.v1.InferenceService",
+        "rpc.method": "Predict",
+        "rpc.grpc.status_code": 0,
+        "tensord.model": "mlp",
+        "tensord.request_id": "traced-1",
+    }
+    assert predict.end_time_unix_nano > predict.start_time_unix_nano
+    others = [s for _, s in spans if s is not predict]
+    not_found = next(s for s in others if attributes(s)["rpc.method"] == "Predict")
+    assert attributes(not_found)["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
+    assert attributes(not_found)["tensord.model"] == "_unknown"
+    assert not_found.status.code == not_found.status.STATUS_CODE_UNSET  # the caller's doing
+    generate = next(s for s in others if attributes(s)["rpc.method"] == "Generate")
+    code = attributes(generate)["rpc.grpc.status_code"]
+    assert code == grpc.StatusCode.FAILED_PRECONDITION.value[0]  # mlp is no generator
+    assert generate.status.code == generate.status.STATUS_CODE_UNSET  # the caller's doing
+    assert len(generate.parent_span_id) == 0  # no traceparent: a root span
+
+
+def test_enabled_without_opentelemetry_logs_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m.startswith("opentelemetry")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # import fails as if absent
+    with structlog.testing.capture_logs() as logs:
+        assert build_tracer(TracingSettings(enabled=True)) is None
+        assert build_tracer(TracingSettings(enabled=False)) is None
+    assert logs == [
+        {
+            "event": "tracing.unavailable",
+            "log_level": "warning",
+            "reason": "OpenTelemetry is not installed (opentelemetry); install the otel "
+            "extra: pip install 'tensord[otel]'",
+        }
+    ]
