@@ -41,7 +41,6 @@ from typing import Any
 
 import grpc
 import use_venv
-from google.protobuf.json_format import MessageToDict
 from machine import machine_info
 from procs import ProcessGroup, exit_on_signals, free_port, wait_for_port
 from servers import tensord_command
@@ -113,9 +112,15 @@ def leaks(info: pb.InfoResponse) -> dict[str, Any]:
             "queued": status.queue_depth,
             "running": status.running,
         }
-        kv = {k: v for k, v in MessageToDict(m).items() if "kv" in k.lower()}
-        if kv:
-            entry["kv"] = kv
+        if m.HasField("generator"):
+            g = m.generator
+            entry["kv"] = {
+                "used_blocks": g.kv_cache.used_blocks,
+                "free_blocks": g.kv_cache.free_blocks,
+                "total_blocks": g.kv_cache.total_blocks,
+                "running": g.running,
+                "waiting": g.waiting,
+            }
         found[f"{m.name} v{m.version}"] = entry
     return found
 
@@ -129,16 +134,13 @@ def leaked(report: dict[str, Any]) -> list[str]:
                 problems.append(f"{model}: {pool} pool holds {used} bytes")
         if entry["queued"] or entry["running"]:
             problems.append(f"{model}: {entry['queued']} queued, {entry['running']} running")
-        for key, value in _flatten(entry.get("kv", {})):
-            if any(w in key.lower() for w in ("used", "in_use", "allocated")) and value:
-                problems.append(f"{model}: KV {key} = {value}")
+        kv = entry.get("kv")
+        if kv and (kv["used_blocks"] or kv["running"] or kv["waiting"]):
+            problems.append(
+                f"{model}: KV cache holds {kv['used_blocks']} blocks "
+                f"({kv['running']} running, {kv['waiting']} waiting)"
+            )
     return problems
-
-
-def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    if isinstance(value, dict):
-        return [kv for k, v in value.items() for kv in _flatten(v, f"{prefix}{k}.")]
-    return [(prefix.rstrip("."), value)]
 
 
 async def soak(args: argparse.Namespace, pid: int, target: str, notify: NotifyListener,

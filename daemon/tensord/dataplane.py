@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from tensord.executor.split import run_splitting_on_oom
 from tensord.generate.model_dir import GeneratorDirectory
 from tensord.generate.outputs import RequestOutput
 from tensord.generate.sampling_params import SamplingParams
+from tensord.limits import check_prompt_tokens
+from tensord.observability.metrics import GenerationMetrics
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.registry import ModelRegistry, ModelState, ModelVersion
 
@@ -115,6 +118,10 @@ class DataPlane:
         self.registry = registry
         self.serving = False
         """True once the models are loaded, False again while draining."""
+        self.max_prompt_tokens = 0
+        """[limits] max_prompt_tokens: longer prompts get INVALID_ARGUMENT (0: no limit)."""
+        self.generation_metrics: GenerationMetrics | None = None
+        """Where Generate streams record tokens and latencies; None when metrics are off."""
         self.on_device_lost: Callable[[DeviceLostError], None] = lambda exc: None
         """Called when a run meets a sticky device error (the server restarts)."""
 
@@ -168,10 +175,16 @@ class DataPlane:
                 "generator: call Predict, or Generate on a generator model (Info lists each "
                 "model's kind)"
             )
+        arrived = time.perf_counter()
         ids = await _prompt_ids(call, engine.directory)
+        check_prompt_tokens(entry.name, len(ids), self.max_prompt_tokens)
+        metrics = self.generation_metrics
+        recorder = metrics.stream(entry.name, arrived, len(ids)) if metrics else None
         with entry.inflight:  # a reload frees a swapped-out version once its streams end
             try:
                 async for chunk in engine.generate(ids, call.sampling, call.deadline):
+                    if recorder is not None:
+                        recorder.tokens(len(chunk.token_ids))
                     yield chunk
             except DeviceLostError as exc:
                 self.on_device_lost(exc)

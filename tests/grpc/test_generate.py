@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from tensord.v1 import inference_pb2 as pb
 from tensord_client import AsyncClient, Client
-from tests.conftest import ServerThread, start_server
+from tests.conftest import ServerThread, serve, start_server
 from tests.generate_reference import ReferenceModel
 
 MODEL = "tinylm"
@@ -300,3 +301,34 @@ def test_bad_prompts_and_models_are_refused(gen_server: ServerThread, server: Se
             client.predict(MODEL, {"input_ids": np.zeros((1, 2), np.int64)})
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "Generate" in info.value.details()
+
+
+def test_prompt_token_limit(gen_repo: Path) -> None:
+    srv = serve(gen_repo, limits__max_prompt_tokens=8)
+    try:
+        with Client(srv.target, retries=0) as client:
+            with pytest.raises(grpc.RpcError) as info:
+                list(client.generate(MODEL, token_ids=list(range(10, 19)), max_tokens=2))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "9 tokens, more than the 8" in info.value.details()
+            ok = list(client.generate(MODEL, token_ids=list(range(10, 18)), max_tokens=2))
+            assert sum(len(c.token_ids) for c in ok) >= 1
+    finally:
+        srv.stop()
+
+
+def test_drain_ends_long_streams_with_unavailable(gen_repo: Path) -> None:
+    srv = serve(gen_repo)
+    got: list[pb.GenerateResponse] = []
+    stopper = threading.Thread(target=srv.stop, kwargs={"grace": 1.0})
+    with Client(srv.target, retries=0) as client:
+        stream = client.generate(MODEL, token_ids=[3, 4, 5], max_tokens=2000, ignore_eos=True)
+        got.append(next(stream))
+        stopper.start()
+        with pytest.raises(grpc.RpcError) as info:
+            for chunk in stream:
+                got.append(chunk)
+    stopper.join(15)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+    assert "shutting down" in info.value.details()
+    assert sum(len(c.token_ids) for c in got) < 2000

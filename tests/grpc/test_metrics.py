@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -42,8 +43,20 @@ def value(found: Samples, name: str, **labels: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def metrics_server(small_repo: Path) -> Iterator[ServerThread]:
-    srv = serve(small_repo, metrics__listen="127.0.0.1:0")
+def metrics_repo(
+    small_repo: Path, demo_repo: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The small repository plus the demo generator with a 64-block KV pool."""
+    root = tmp_path_factory.mktemp("metrics-models")
+    shutil.copytree(small_repo, root, dirs_exist_ok=True)
+    shutil.copytree(demo_repo / "tinylm", root / "tinylm")
+    (root / "tinylm" / "model.toml").write_text("[generator]\nnum_blocks = 64\nblock_size = 32\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def metrics_server(metrics_repo: Path) -> Iterator[ServerThread]:
+    srv = serve(metrics_repo, metrics__listen="127.0.0.1:0")
     yield srv
     srv.stop()
 
@@ -61,13 +74,14 @@ def scraped(metrics_server: ServerThread) -> str:
                 client.predict(model, inputs)
         client.health()
         client.info()
+        chunks = list(client.generate("tinylm", token_ids=[5, 6, 7], max_tokens=5, ignore_eos=True))
+        assert sum(len(c.token_ids) for c in chunks) == 5
     server = metrics_server.server
     assert server is not None and server.observability.generation is not None
-    # The generation engine's API: one stream of 3 tokens, and the KV cache's blocks.
+    # The recorder's arithmetic, on a model of its own: 3 tokens, then 2 more 0.2 s later.
     stream = server.observability.generation.stream("mlp", arrived=10.0, prompt_tokens=7)
     stream.tokens(1, now=10.5)
     stream.tokens(2, now=10.7)
-    server.observability.generation.kv_blocks("mlp", used=12, free=116)
     return scrape(server.observability.port)
 
 
@@ -105,7 +119,7 @@ def test_batching_executor_and_model_state(scraped: str, metrics_server: ServerT
     assert value(found, "tensord_executor_queued_runs", **mlp) == 0
     assert value(found, "tensord_executor_running_runs", **mlp) == 0
     assert ("tensord_pool_high_water_bytes", frozenset({**mlp, "pool": "host"}.items())) in found
-    assert value(found, "tensord_model_versions", state="ready") == 3
+    assert value(found, "tensord_model_versions", state="ready") == 4
     assert value(found, "tensord_model_versions", state="failed") == 0
     assert value(found, "tensord_build_info", version=__version__) == 1
     assert value(found, "process_resident_memory_bytes") > 10e6
@@ -123,8 +137,17 @@ def test_generation_metrics(scraped: str) -> None:
     )
     assert value(found, "tensord_inter_token_latency_seconds_bucket", model="mlp", le="0.08") == 0
     assert value(found, "tensord_inter_token_latency_seconds_bucket", model="mlp", le="0.16") == 2
-    assert value(found, "tensord_kv_blocks_used", model="mlp") == 12
-    assert value(found, "tensord_kv_blocks_free", model="mlp") == 116
+    # A real stream of 5 tokens from a 3-token prompt.
+    assert value(found, "tensord_generated_tokens_total", model="tinylm") == 5
+    assert value(found, "tensord_prompt_tokens_total", model="tinylm") == 3
+    assert value(found, "tensord_time_to_first_token_seconds_count", model="tinylm") == 1
+    assert value(found, "tensord_inter_token_latency_seconds_count", model="tinylm") == 4
+    # The KV cache, read from the engine at scrape time: nothing held once the stream ended.
+    tinylm = {"model": "tinylm", "version": "1"}
+    assert value(found, "tensord_kv_blocks_used", **tinylm) == 0
+    assert value(found, "tensord_kv_blocks_free", **tinylm) == 64
+    assert value(found, "tensord_generate_sequences_running", **tinylm) == 0
+    assert value(found, "tensord_generate_preemptions_total", **tinylm) == 0
 
 
 def test_promtool_accepts_the_scrape(scraped: str) -> None:

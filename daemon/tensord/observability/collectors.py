@@ -48,6 +48,7 @@ class ModelCollector(Collector):
         yield self._states(versions)
         yield from self._batching(versions)
         yield from self._executors(versions)
+        yield from self._generators(versions)
 
     @staticmethod
     def _states(versions: Iterable[ModelVersion]) -> Metric:
@@ -91,6 +92,49 @@ class ModelCollector(Collector):
             sizes.add_metric(labels, buckets, sum(s * n for s, n in counts.items()))
         yield depth
         yield sizes
+
+    @staticmethod
+    def _generators(versions: Iterable[ModelVersion]) -> Iterator[Metric]:
+        labels = ["model", "version"]
+        used = GaugeMetricFamily(
+            "tensord_kv_blocks_used", "KV-cache blocks held by sequences.", labels=labels
+        )
+        free = GaugeMetricFamily(
+            "tensord_kv_blocks_free",
+            "KV-cache blocks free to allocate (cached prefixes included).",
+            labels=labels,
+        )
+        cached = GaugeMetricFamily(
+            "tensord_kv_blocks_cached",
+            "KV-cache blocks holding a reusable prefix.",
+            labels=labels,
+        )
+        running = GaugeMetricFamily(
+            "tensord_generate_sequences_running", "Sequences decoding now.", labels=labels
+        )
+        waiting = GaugeMetricFamily(
+            "tensord_generate_sequences_waiting",
+            "Generate requests waiting for room (preempted ones included).",
+            labels=labels,
+        )
+        preemptions = CounterMetricFamily(
+            "tensord_generate_preemptions",
+            "Sequences preempted because KV blocks ran out.",
+            labels=labels,
+        )
+        for mv in versions:
+            engine = mv.engine
+            if engine is None:
+                continue
+            stats = engine.stats()
+            values = [mv.name, str(mv.version)]
+            used.add_metric(values, stats.kv_cache.used_blocks)
+            free.add_metric(values, stats.kv_cache.free_blocks)
+            cached.add_metric(values, stats.kv_cache.cached_blocks)
+            running.add_metric(values, stats.running)
+            waiting.add_metric(values, stats.waiting)
+            preemptions.add_metric(values, stats.preemptions)
+        yield from (used, free, cached, running, waiting, preemptions)
 
     @staticmethod
     def _executors(versions: Iterable[ModelVersion]) -> Iterator[Metric]:

@@ -110,9 +110,9 @@ class RequestMetrics:
 
 
 class GenerationMetrics:
-    """What the generation engine records: tokens, time to first token, inter-token
-    latency and KV-cache blocks. The engine calls `stream(model)` per request and
-    `kv_blocks(...)` after each scheduler step."""
+    """What Generate streams record: tokens, time to first token and inter-token latency.
+    The data plane calls `stream(model)` per request. (KV-cache blocks and queues are read
+    from the engines at scrape time: collectors.ModelCollector.)"""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._tokens = _Children(
@@ -149,12 +149,6 @@ class GenerationMetrics:
                 registry=registry,
             )
         )
-        self._kv_used = _Children(
-            Gauge("tensord_kv_blocks_used", "KV-cache blocks in use.", ["model"], registry=registry)
-        )
-        self._kv_free = _Children(
-            Gauge("tensord_kv_blocks_free", "KV-cache blocks free.", ["model"], registry=registry)
-        )
 
     def stream(self, model: str, arrived: float | None = None, prompt_tokens: int = 0) -> Stream:
         """A recorder for one Generate stream; `arrived` is its time.perf_counter() arrival."""
@@ -166,11 +160,6 @@ class GenerationMetrics:
             self._itl.get(model).observe,
             time.perf_counter() if arrived is None else arrived,
         )
-
-    def kv_blocks(self, model: str, used: int, free: int) -> None:
-        """The KV cache's block counts now."""
-        self._kv_used.get(model).set(used)
-        self._kv_free.get(model).set(free)
 
 
 class Stream:

@@ -84,6 +84,9 @@ class TensordServer:
         self.observability = Observability(config, self.registry)
         self.security = Security(config, self.observability.rejected)
         self.add_reload_hook(self.security.reload)  # certificates and tokens re-read on SIGHUP
+        self.dataplane.generation_metrics = self.observability.generation
+        self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens
+        self.add_reload_hook(self._apply_limits)
         self.observability.watch_stream_limit(self.security.stream_limit)
         self._server = grpc.aio.server(
             interceptors=self.security.interceptors, options=transport_options(config.server)
@@ -243,6 +246,9 @@ class TensordServer:
             self.watchdog.close()
         log.info("server.stopped", exit_code=self.exit_code)
         self.notifier.close()
+
+    def _apply_limits(self, config: TensordConfig) -> None:
+        self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens
 
     async def _end_streams(self) -> None:
         error = UnavailableError(
