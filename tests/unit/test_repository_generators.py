@@ -140,7 +140,7 @@ def test_resolve_defaults() -> None:
         max_model_len=2048,
         intra_op_threads=0,
     )
-    assert limits.num_blocks == 8192
+    assert limits.num_blocks == 4096  # 256 MiB of 64 KiB blocks
 
 
 def test_resolve_bytes_and_blocks() -> None:

@@ -40,7 +40,7 @@ class KVStorage:
         self.block_size = block_size
         dims = (num_blocks, shape.kv_heads, block_size, shape.head_dim)
         self.layers = [
-            (np.zeros(dims, shape.dtype), np.zeros(dims, shape.dtype))
+            (_reserved(dims, shape.dtype), _reserved(dims, shape.dtype))
             for _ in range(shape.num_layers)
         ]
 
@@ -79,6 +79,14 @@ class KVStorage:
         for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
             k_pool[blocks, :, slots, :] = k_new[rows, :, cols + offset, :]
             v_pool[blocks, :, slots, :] = v_new[rows, :, cols + offset, :]
+
+
+def _reserved(dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros whose pages are committed now: np.zeros maps them lazily, and a pool that
+    fills over hours would look like a growing process (and could fail late, not at load)."""
+    array = np.empty(dims, dtype)
+    array.fill(0)
+    return array
 
 
 def _block_index(

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tensord.errors import ModelLoadError
 
-DEFAULT_KV_CACHE_BYTES = 512 * 1024 * 1024
+DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 """The KV pool's size when model.toml sets neither kv_cache_bytes nor num_blocks."""
 
 
@@ -21,8 +21,9 @@ class GeneratorConfig(BaseModel):
     block_size: int = Field(default=16, ge=1, le=4096)
     """Tokens per KV cache block: the unit of allocation and of prefix sharing."""
     kv_cache_bytes: int | None = Field(default=None, ge=1)
-    """The KV pool's size in bytes (keys and values of every layer); default 512 MiB
-    when num_blocks is not set either."""
+    """The KV pool's size in bytes (keys and values of every layer); default 256 MiB
+    when num_blocks is not set either. The pool is allocated and written once at load, so
+    this memory is reserved up front and the process does not grow as sequences fill it."""
     num_blocks: int | None = Field(default=None, ge=1)
     """The KV pool's size in blocks, instead of kv_cache_bytes."""
     max_num_seqs: int = Field(default=64, ge=1)
