@@ -166,3 +166,37 @@ async def test_out_of_memory_splits_the_batch_in_half() -> None:
             CpuExecutor("m", single, 1).run, [{"x": np.ones((1, 2), np.float32)}], ["y"]
         )
     executor.close()
+
+
+async def test_short_runs_go_inline_only_while_idle() -> None:
+    backend = Doubler(delay=0.002)
+    executor = CpuExecutor("m", backend, lanes=1, inline_below_s=0.05)
+    x = {"x": np.ones((1, 2), np.float32)}
+    first = await executor.run([x], ["y"])  # no estimate yet: a lane runs it
+    assert first.outputs[0].tolist() == [[2, 2]] and executor.inline_runs == 0
+    loop_thread = threading.current_thread().name
+    second = await executor.run([x], ["y"])  # idle, estimated ~2 ms < 50 ms: inline
+    assert second.outputs[0].tolist() == [[2, 2]] and executor.inline_runs == 1
+    assert loop_thread in backend.threads
+    # Too many rows for the estimate: a lane runs it, and while it does, even a short
+    # run queues for a lane rather than running inline.
+    backend.delay = 0.1
+    wide = asyncio.create_task(executor.run([{"x": np.ones((1000, 2), np.float32)}], ["y"]))
+    await asyncio.sleep(0.02)
+    assert executor.stats().running == 1
+    short = await executor.run([x], ["y"])
+    await wide
+    assert short.outputs[0].tolist() == [[2, 2]] and executor.inline_runs == 1
+    stats = executor.stats()
+    assert stats.started == 4 and (stats.queue_depth, stats.running) == (0, 0)
+    executor.close()
+
+
+async def test_inline_off_by_default() -> None:
+    backend = Doubler()
+    executor = CpuExecutor("m", backend, lanes=1)
+    for _ in range(3):
+        await executor.run([{"x": np.ones((1, 2), np.float32)}], ["y"])
+    assert executor.inline_runs == 0
+    assert threading.current_thread().name not in backend.threads
+    executor.close()

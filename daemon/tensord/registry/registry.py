@@ -249,7 +249,12 @@ class ModelRegistry:
             backend = make(self._where)
             try:
                 executor, backend = build_executor(
-                    entry.name, backend, make, config.instance_count, self._where
+                    entry.name,
+                    backend,
+                    make,
+                    config.instance_count,
+                    self._where,
+                    config.inline_run_below_us / 1e6,
                 )
             except BaseException:
                 backend.close()
