@@ -4,9 +4,13 @@ A request still queued when its deadline passes never runs; one whose client goe
 dropped from the queue. The event loop only awaits. Subclasses say how one batch runs on
 one lane (`_execute`) and which buffer pools they keep.
 
-A short run that arrives while the executor is idle may run inline on the event loop's
+A short run that arrives after the executor has been quiet for a while (no run queued,
+running, submitted or finished in the last `QUIET_S`) may run inline on the event loop's
 thread (`inline_below_s`): handing it to a lane costs two thread wake-ups, which on a VM
-take longer than a sub-millisecond model. The estimate that gates it is conservative
+take longer than a sub-millisecond model. Under load calls arrive closer together than
+that, so they always go to the lanes and the loop stays free to take the next request
+(without the quiet period an inline run would keep the lanes idle and so invite the next
+inline run: one thread serving everything). The estimate that gates it is conservative
 (seconds per row, times the rows), so the loop is held for about that long at most.
 """
 
@@ -25,6 +29,10 @@ from tensord.errors import DeadlineExceededError
 from tensord.executor.base import ExecutorStats, LaneStats, PoolStats, RunResult
 
 
+QUIET_S = 250e-6
+"""How long an executor must have been idle for a call to run inline (see above)."""
+
+
 class LaneExecutor:
     """`lanes` worker threads; lane i's thread always runs on lane i's resources."""
 
@@ -35,6 +43,7 @@ class LaneExecutor:
         self.inline_below_s = inline_below_s
         """Run inline on the loop when idle and the estimate is below this; 0 never."""
         self._row_s = float("inf")  # recent compute seconds per row (moving average)
+        self._last_activity = 0.0  # time.monotonic() of the last submission or finish
         self.inline_runs = 0
         self._lane_stats = [LaneStats() for _ in range(lanes)]
         self._lane_ids = itertools.count()
@@ -70,7 +79,9 @@ class LaneExecutor:
     ) -> RunResult:
         """Queue one run; `deadline` is a time.monotonic() value or None."""
         submitted = time.monotonic()
-        if self._may_run_inline(parts):
+        quiet = submitted - self._last_activity >= QUIET_S
+        self._last_activity = submitted
+        if quiet and self._may_run_inline(parts):
             return self._run_inline(parts, output_names, deadline, submitted)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[RunResult] = loop.create_future()
@@ -148,7 +159,8 @@ class LaneExecutor:
                 lane.failed += 1
             raise
         finally:
-            elapsed = time.monotonic() - start
+            self._last_activity = end = time.monotonic()
+            elapsed = end - start
             with self._lock:
                 lane.busy_s += elapsed
                 self._running -= 1
