@@ -36,6 +36,8 @@ from servers import start_tensord
 from stats import percentile
 
 from tensord.generate.model_dir import read_generator_spec
+from tensord.registry.generator_config import GeneratorConfig
+from tensord.registry.repository import scan_repository
 from tensord_client import AsyncClient
 
 REPO = use_venv.REPO
@@ -143,6 +145,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _engine_threads(repository: Path) -> int:
+    """The generator's [generator] intra_op_threads, as the daemon resolves it."""
+    for source in scan_repository(repository):
+        if source.name == MODEL and source.config.generator is not None:
+            return source.config.generator.intra_op_threads
+    return GeneratorConfig().intra_op_threads
+
+
 def _render(points: list[StreamPoint], sequential: StreamPoint | None, gain: float | None) -> str:
     lines = [
         f"{'streams':>7} {'tok/s':>8} {'limit':>8} {'ratio':>6} {'ttft p50':>9} {'p99':>8} "
@@ -187,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             prompts = sample_prompts(spec, 16, args.prompt_len, seed=16)
             sequential = asyncio.run(_streams(server.target, prompts, 1, args.new_tokens, False))
         procs.stop_all()
-    # The limit runs with the daemon stopped, so both have the machine to themselves.
+    # The limit runs with the daemon stopped, so both have the machine to themselves, and
+    # with the engine's own ONNX Runtime thread setting.
+    threads = _engine_threads(args.model_repository)
     for point in points:
-        limit = measure_limit(model_dir, point.streams, args.prompt_len, args.new_tokens)
+        limit = measure_limit(
+            model_dir, point.streams, args.prompt_len, args.new_tokens, intra_op_threads=threads
+        )
         point.limit_tokens_per_s = limit.tokens_per_s
         point.ratio = point.tokens_per_s / limit.tokens_per_s
     by_streams = {p.streams: p for p in points}
@@ -212,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             "new_tokens": args.new_tokens,
             "targets": TARGETS,
             "batching_gain_target": BATCHING_GAIN_TARGET,
+            "intra_op_threads": threads,
         },
         "points": [asdict(p) for p in points],
         "sequential_16": asdict(sequential) if sequential else None,

@@ -138,7 +138,7 @@ def test_resolve_defaults() -> None:
         max_num_batched_tokens=2048,
         max_queue_size=1024,
         max_model_len=2048,
-        intra_op_threads=0,
+        intra_op_threads=1,
     )
     assert limits.num_blocks == 4096  # 256 MiB of 64 KiB blocks
 

@@ -44,6 +44,25 @@ class KVStorage:
             for _ in range(shape.num_layers)
         ]
 
+    def _scatter_direct(
+        self,
+        tables: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        new: Sequence[tuple[np.ndarray, np.ndarray]],
+        offset: int,
+    ) -> None:
+        bs = self.block_size
+        writes = [
+            (b, offset + t, tables[b][(start + t) // bs], (start + t) % bs)
+            for b, (start, count) in enumerate(zip(starts, counts, strict=True))
+            for t in range(count)
+        ]
+        for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
+            for row, col, block, slot in writes:
+                k_pool[block, :, slot, :] = k_new[row, :, col, :]
+                v_pool[block, :, slot, :] = v_new[row, :, col, :]
+
     @property
     def nbytes(self) -> int:
         """Bytes held by every pool."""
@@ -73,12 +92,20 @@ class KVStorage:
     ) -> None:
         """Write new[i] = (keys, values) [B, kv_heads, >= offset + T, head_dim], positions
         offset + t for t < counts[b], into sequence b's positions starts[b] + t."""
+        if sum(counts) <= _DIRECT_TOKENS:
+            self._scatter_direct(tables, starts, counts, new, offset)
+            return
         rows, cols, blocks, slots = scatter_index(tables, starts, counts, self.block_size)
         if not len(rows):
             return
         for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
             k_pool[blocks, :, slots, :] = k_new[rows, :, cols + offset, :]
             v_pool[blocks, :, slots, :] = v_new[rows, :, cols + offset, :]
+
+
+# Up to this many tokens, plain slice assignments beat building fancy indices (decode steps
+# of a few sequences); above it, one fancy assignment per pool.
+_DIRECT_TOKENS = 4
 
 
 def _reserved(dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

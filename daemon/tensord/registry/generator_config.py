@@ -37,9 +37,11 @@ class GeneratorConfig(BaseModel):
     max_model_len: int | None = Field(default=None, ge=1)
     """Longest sequence (prompt + generated tokens); default and upper bound: the model's
     context length (config.json's max_position_embeddings, n_positions or n_ctx)."""
-    intra_op_threads: int = Field(default=0, ge=0)
+    intra_op_threads: int = Field(default=1, ge=0)
     """Threads one model step may use inside an operator; 0 lets ONNX Runtime use one per
-    core (the engine runs one batched step at a time, so it can use them all)."""
+    core. The default leaves the other cores to the event loop, which detokenizes and
+    streams every token while the next step runs (measured on 2 cores: as many tokens/s
+    at 16 streams with 1 thread as with 2, and a steadier inter-token latency)."""
 
     @model_validator(mode="after")
     def _check(self) -> GeneratorConfig:
