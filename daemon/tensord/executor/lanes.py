@@ -28,7 +28,6 @@ import numpy as np
 from tensord.errors import DeadlineExceededError
 from tensord.executor.base import ExecutorStats, LaneStats, PoolStats, RunResult
 
-
 QUIET_S = 250e-6
 """How long an executor must have been idle for a call to run inline (see above)."""
 
