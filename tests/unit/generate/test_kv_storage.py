@@ -47,3 +47,41 @@ def test_scatter_appends_one_position() -> None:
     assert (storage.layers[1][0][6, :, 0] == 7).all() and (storage.layers[1][1][6, :, 0] == 8).all()
     assert storage.layers[1][0][6, :, 1:].sum() == 0 and storage.layers[1][0][3].sum() == 0
     assert storage.nbytes == 2 * 2 * 8 * 2 * 4 * 3 * 4
+
+
+def test_storage_agrees_with_the_kernel_twins() -> None:
+    """KVStorage (vectorised, what the engine runs on the host) and the NumPy twins of
+    kernels/kv_cache.cu (the reference the CUDA kernels are checked against) agree."""
+    from tensord.kernels.kv import kv_gather, kv_scatter
+
+    rng = np.random.default_rng(7)
+    storage = _storage()
+    tables = [[6, 1, 3], [0, 5, -1]]
+    starts, counts = [2, 0], [9, 6]
+    new = [
+        (
+            rng.standard_normal((2, 2, 10, 3), np.float32),
+            rng.standard_normal((2, 2, 10, 3), np.float32),
+        )
+        for _ in range(2)
+    ]
+    storage.scatter(tables, starts, counts, new, offset=1)
+    twin_pools = [(np.zeros_like(k), np.zeros_like(v)) for k, v in storage.layers]
+    tables32 = np.array(tables, np.int32)
+    for (k_pool, v_pool), (k_new, v_new) in zip(twin_pools, new, strict=True):
+        for pool, fresh in ((k_pool, k_new), (v_pool, v_new)):
+            kv_scatter(
+                np.ascontiguousarray(fresh[:, :, 1:]),
+                tables32,
+                np.array(starts, np.int32),
+                np.array(counts, np.int32),
+                pool,
+            )
+    for (k, v), (tk, tv) in zip(storage.layers, twin_pools, strict=True):
+        assert np.array_equal(k, tk) and np.array_equal(v, tv)
+    lengths = [11, 6]
+    gathered = storage.gather(tables, lengths, width=12)
+    for layer, (k_pool, _) in enumerate(storage.layers):
+        out = np.full((2, 2, 12, 3), np.nan, np.float32)
+        kv_gather(k_pool, tables32, np.array(lengths, np.int32), out)
+        assert np.array_equal(gathered[layer][0], out)
