@@ -39,12 +39,10 @@ class CpuExecutor(LaneExecutor):
 
     kind = "cpu"
 
-    def __init__(
-        self, name: str, backend: Backend, lanes: int, reason: str = "", inline_below_s: float = 0
-    ) -> None:
+    def __init__(self, name: str, backend: Backend, lanes: int, reason: str = "") -> None:
         self._backend = backend
         self._host = HostBufferPool()
-        super().__init__(name, lanes, reason, inline_below_s)
+        super().__init__(name, lanes, reason)
 
     def _execute(
         self, lane: int, parts: Sequence[Mapping[str, np.ndarray]], output_names: Sequence[str]

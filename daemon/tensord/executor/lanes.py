@@ -3,15 +3,6 @@
 A request still queued when its deadline passes never runs; one whose client goes away is
 dropped from the queue. The event loop only awaits. Subclasses say how one batch runs on
 one lane (`_execute`) and which buffer pools they keep.
-
-A short run that arrives after the executor has been quiet for a while (no run queued,
-running, submitted or finished in the last `QUIET_S`) may run inline on the event loop's
-thread (`inline_below_s`): handing it to a lane costs two thread wake-ups, which on a VM
-take longer than a sub-millisecond model. Under load calls arrive closer together than
-that, so they always go to the lanes and the loop stays free to take the next request
-(without the quiet period an inline run would keep the lanes idle and so invite the next
-inline run: one thread serving everything). The estimate that gates it is conservative
-(seconds per row, times the rows), so the loop is held for about that long at most.
 """
 
 from __future__ import annotations
@@ -28,22 +19,14 @@ import numpy as np
 from tensord.errors import DeadlineExceededError
 from tensord.executor.base import ExecutorStats, LaneStats, PoolStats, RunResult
 
-QUIET_S = 250e-6
-"""How long an executor must have been idle for a call to run inline (see above)."""
-
 
 class LaneExecutor:
     """`lanes` worker threads; lane i's thread always runs on lane i's resources."""
 
     kind = "lanes"
 
-    def __init__(self, name: str, lanes: int, reason: str, inline_below_s: float = 0.0) -> None:
+    def __init__(self, name: str, lanes: int, reason: str) -> None:
         self.reason = reason
-        self.inline_below_s = inline_below_s
-        """Run inline on the loop when idle and the estimate is below this; 0 never."""
-        self._row_s = float("inf")  # recent compute seconds per row (moving average)
-        self._last_activity = 0.0  # time.monotonic() of the last submission or finish
-        self.inline_runs = 0
         self._lane_stats = [LaneStats() for _ in range(lanes)]
         self._lane_ids = itertools.count()
         self._local = threading.local()
@@ -78,10 +61,6 @@ class LaneExecutor:
     ) -> RunResult:
         """Queue one run; `deadline` is a time.monotonic() value or None."""
         submitted = time.monotonic()
-        quiet = submitted - self._last_activity >= QUIET_S
-        self._last_activity = submitted
-        if quiet and self._may_run_inline(parts):
-            return self._run_inline(parts, output_names, deadline, submitted)
         loop = asyncio.get_running_loop()
         result: asyncio.Future[RunResult] = loop.create_future()
         with self._lock:
@@ -139,18 +118,6 @@ class LaneExecutor:
                 raise DeadlineExceededError.in_queue(start - submitted)
             lane.runs += 1
             self._running += 1
-        outputs = self._execute_counted(index, lane, parts, output_names, start)
-        return RunResult(outputs, start - submitted, time.monotonic() - start)
-
-    def _execute_counted(
-        self,
-        index: int,
-        lane: LaneStats,
-        parts: Sequence[Mapping[str, np.ndarray]],
-        output_names: Sequence[str],
-        start: float,
-    ) -> list[np.ndarray]:
-        """`_execute` with the lane's counters and the per-row time estimate kept."""
         try:
             outputs = self._execute(index, parts, output_names)
         except BaseException:
@@ -158,55 +125,17 @@ class LaneExecutor:
                 lane.failed += 1
             raise
         finally:
-            self._last_activity = end = time.monotonic()
-            elapsed = end - start
             with self._lock:
-                lane.busy_s += elapsed
+                lane.busy_s += time.monotonic() - start
                 self._running -= 1
-        self._observe(parts, elapsed)
-        return outputs
-
-    def _observe(self, parts: Sequence[Mapping[str, np.ndarray]], elapsed: float) -> None:
-        per_row = elapsed / max(1, _rows(parts))
-        self._row_s = per_row if self._row_s == float("inf") else 0.8 * self._row_s + 0.2 * per_row
-
-    def _may_run_inline(self, parts: Sequence[Mapping[str, np.ndarray]]) -> bool:
-        # Unlocked reads: a stale value only picks the other (equally correct) path.
-        return (
-            self._queued == 0
-            and self._running == 0
-            and self._row_s * max(1, _rows(parts)) < self.inline_below_s
-        )
-
-    def _run_inline(
-        self,
-        parts: Sequence[Mapping[str, np.ndarray]],
-        output_names: Sequence[str],
-        deadline: float | None,
-        submitted: float,
-    ) -> RunResult:
-        """Run on the caller's (the event loop's) thread, counted as lane 0."""
-        start = time.monotonic()
-        lane = self._lane_stats[0]
-        with self._lock:
-            lane.runs += 1
-            self._running += 1
-            self.inline_runs += 1
-        outputs = self._execute_counted(0, lane, parts, output_names, start)
-        end = time.monotonic()
-        if deadline is not None and end >= deadline:
-            raise DeadlineExceededError.queued_or_running(end - submitted)
-        return RunResult(outputs, start - submitted, end - start)
+        return RunResult(outputs, start - submitted, time.monotonic() - start)
 
     def run_blocking(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> list[np.ndarray]:
         """Warm-up: one run as lane 0, on the caller's thread, outside the counters."""
         self._lane_started()
-        start = time.monotonic()
-        outputs = self._execute(0, [inputs], output_names)
-        self._observe([inputs], time.monotonic() - start)
-        return outputs
+        return self._execute(0, [inputs], output_names)
 
     def stats(self) -> ExecutorStats:
         """Per-lane runs and busy time, queued and running runs, the pools."""
@@ -217,15 +146,6 @@ class LaneExecutor:
 
     def _stop_lanes(self, wait: bool) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
-
-
-def _rows(parts: Sequence[Mapping[str, np.ndarray]]) -> int:
-    """Rows along dimension 0 across the parts (1 for scalars)."""
-    total = 0
-    for part in parts:
-        first = next(iter(part.values()), None)
-        total += first.shape[0] if first is not None and first.ndim else 1
-    return total
 
 
 def _settle(result: asyncio.Future[RunResult], done: Future[RunResult]) -> None:

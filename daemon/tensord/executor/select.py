@@ -57,13 +57,11 @@ def build_executor(
     make_backend: Callable[[DeviceOptions], Backend],
     lanes: int,
     where: DeviceOptions,
-    inline_below_s: float = 0.0,
 ) -> tuple[Executor, Backend]:
     """The executor for a loaded backend, and the backend that now describes the model.
 
     The CUDA executor needs one session per lane, each on its lane's stream, so the probe
-    session is closed and replaced by lane sessions. Only the CPU executor runs short
-    batches inline (`inline_below_s`): a CUDA lane owns its stream.
+    session is closed and replaced by lane sessions.
     """
     kind, reason = executor_choice(
         backend.placement.provider, probe_gpus(), [*backend.inputs, *backend.outputs]
@@ -80,4 +78,4 @@ def build_executor(
             reason,
         )
         return executor, executor.primary_backend
-    return CpuExecutor(name, backend, lanes, reason, inline_below_s), backend
+    return CpuExecutor(name, backend, lanes, reason), backend

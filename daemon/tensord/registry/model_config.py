@@ -140,12 +140,6 @@ class ModelConfig(BaseModel):
     contention)."""
     instance_count: int = Field(default=2, ge=1)
     """Runs of this model that may execute at the same time."""
-    inline_run_below_us: int = Field(default=2000, ge=0)
-    """CPU models: when no run of the model is queued or running and the next one is
-    expected to take less than this, it runs on the event loop's thread instead of a lane.
-    Handing a sub-millisecond run to a lane thread costs two thread wake-ups (measured on a
-    2-core VM: about 0.3 ms, as much as the demo mlp's whole run); the loop is held for about
-    this long at most. 0 always uses the lanes."""
     max_batch_size: int = Field(default=0, ge=0)
     """Largest first (batch) dimension per request; 0 means the model does not batch."""
     tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)

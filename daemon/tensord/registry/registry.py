@@ -249,12 +249,7 @@ class ModelRegistry:
             backend = make(self._where)
             try:
                 executor, backend = build_executor(
-                    entry.name,
-                    backend,
-                    make,
-                    config.instance_count,
-                    self._where,
-                    config.inline_run_below_us / 1e6,
+                    entry.name, backend, make, config.instance_count, self._where
                 )
             except BaseException:
                 backend.close()
