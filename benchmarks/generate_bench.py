@@ -7,9 +7,10 @@ to back (prompts of `--prompt-len` tokens, `--new-tokens` tokens each, ignore_eo
 `tensord serve` on the demo repository, and it reports aggregate generated tokens/s, time
 to first token (p50/p99, from sending the request to the first chunk) and inter-token
 latency (p50/p99; a chunk holding k tokens counts as k gaps of 1/k of its wait). The same
-run measures the limit at each N: an in-process plain ONNX Runtime batched greedy loop
-with a contiguous KV cache on the same model, with the engine's thread settings
-(benchmarks/generate_limit.py). It also serves the N=16 requests one at a time, for the
+run measures the limit at each N, just before and just after tensord's point: an
+in-process plain ONNX Runtime batched greedy loop with a contiguous KV cache on the same
+model, with the engine's thread settings (benchmarks/generate_limit.py); the faster of the
+two counts. It also serves the N=16 requests one at a time, for the
 continuous-batching gain. Targets on a 2-core host: >= 0.8x the limit at 16 streams,
 >= 0.7x at 1, and 16 concurrent streams >= 5x the one-at-a-time throughput.
 Results go to benchmarks/results/generate-<timestamp>.json.
@@ -186,26 +187,31 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     points: list[StreamPoint] = []
     sequential = None
+    threads = _engine_threads(args.model_repository)
     with ProcessGroup() as procs, tempfile.TemporaryFile("w+") as log:
         server = start_tensord(procs, args.model_repository, log)
         for n in counts:
+            # The limit just before and just after the daemon's point (the daemon idle in
+            # between; the faster run counts), so that the ratio compares like with like
+            # on a host whose speed drifts.
+            before = measure_limit(model_dir, n, args.prompt_len, args.new_tokens,
+                                   intra_op_threads=threads)  # fmt: skip
             prompts = sample_prompts(spec, n, args.prompt_len, seed=n)
             point = asyncio.run(_streams(server.target, prompts, requests, args.new_tokens, True))
+            after = measure_limit(model_dir, n, args.prompt_len, args.new_tokens,
+                                  intra_op_threads=threads)  # fmt: skip
+            point.limit_tokens_per_s = max(before.tokens_per_s, after.tokens_per_s)
+            point.ratio = point.tokens_per_s / point.limit_tokens_per_s
             points.append(point)
-            print(f"tensord {n} streams: {point.tokens_per_s:.0f} tok/s", flush=True)
+            print(
+                f"{n} streams: tensord {point.tokens_per_s:.0f} tok/s, limit "
+                f"{before.tokens_per_s:.0f} before / {after.tokens_per_s:.0f} after",
+                flush=True,
+            )
         if 16 in counts:
             prompts = sample_prompts(spec, 16, args.prompt_len, seed=16)
             sequential = asyncio.run(_streams(server.target, prompts, 1, args.new_tokens, False))
         procs.stop_all()
-    # The limit runs with the daemon stopped, so both have the machine to themselves, and
-    # with the engine's own ONNX Runtime thread setting.
-    threads = _engine_threads(args.model_repository)
-    for point in points:
-        limit = measure_limit(
-            model_dir, point.streams, args.prompt_len, args.new_tokens, intra_op_threads=threads
-        )
-        point.limit_tokens_per_s = limit.tokens_per_s
-        point.ratio = point.tokens_per_s / limit.tokens_per_s
     by_streams = {p.streams: p for p in points}
     gain = (
         by_streams[16].tokens_per_s / sequential.tokens_per_s

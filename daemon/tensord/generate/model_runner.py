@@ -18,8 +18,10 @@ import numpy as np
 
 from tensord.generate.kv_storage import KVStorage
 
-# Rebuild the decode view when padding holes make it this much longer than needed.
-_HOLES_SLACK = 64
+# Rebuild the decode view when padding holes make it this much longer than needed: every
+# decode step's attention and ONNX Runtime's past + new copy grow with the width, a rebuild
+# costs one gather (measured at 16 staggered streams: slack 8 ~15% more tokens/s than 64).
+_HOLES_SLACK = 8
 
 
 @dataclass(slots=True)
