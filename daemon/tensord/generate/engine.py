@@ -107,6 +107,9 @@ class GenerationEngine:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._aborts: list[str] = []
+        self._outbox: list[EngineCoreOutput] = []
+        self._outbox_lock = threading.Lock()
+        self._outbox_scheduled = False
         self._stops: list[str] = []
         self._stopping: TensordError | None = None
         self._steps = 0
@@ -202,8 +205,23 @@ class GenerationEngine:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(fn, *args)
 
-    def _deliver(self, outputs: list[EngineCoreOutput]) -> None:
+    def _hand_over(self, outputs: list[EngineCoreOutput]) -> None:
+        """Engine thread: queue a step's outputs for the loop. While the loop has not yet
+        taken the last ones, later steps join them, so a busy loop gets the tokens of
+        several steps in one call and each stream one merged chunk (fewer messages
+        exactly when the loop is the bottleneck, one per token when it keeps up)."""
+        with self._outbox_lock:
+            self._outbox.extend(outputs)
+            if self._outbox_scheduled:
+                return
+            self._outbox_scheduled = True
+        self._on_loop(self._deliver)
+
+    def _deliver(self) -> None:
         """Event loop: chunks into slots; stop strings finish their requests next step."""
+        with self._outbox_lock:
+            outputs, self._outbox = self._outbox, []
+            self._outbox_scheduled = False
         to_stop = self.output_processor.process_outputs(outputs)
         if to_stop:
             with self._wake:
@@ -271,7 +289,7 @@ class GenerationEngine:
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
         if core_outputs:
-            self._on_loop(self._deliver, core_outputs)
+            self._hand_over(core_outputs)
 
     def _sample(
         self, output: SchedulerOutput, logits: Mapping[str, np.ndarray]
