@@ -142,3 +142,25 @@ def test_inspect(demo_repo: Path) -> None:
     assert report["inputs"] == [{"name": "input", "dtype": "DATA_TYPE_FLOAT32", "shape": [-1, 512]}]
     assert "CPUExecutionProvider" in report["runnable_providers"]
     assert report["producer"] == "tensord-demo"
+
+
+def test_tensorctl_generate_streams_text(daemon: Daemon) -> None:
+    live = tensorctl(daemon, "generate", "tinylm", "Once upon a time", "--max-tokens", "12",
+                     "--temperature", "0", "--ignore-eos")  # fmt: skip
+    assert live.returncode == 0, live.stderr
+    assert "12 generated tokens" in live.stderr and "[length:" in live.stderr
+    records = tensorctl(daemon, "--json", "generate", "tinylm", "--token-ids", "1,52,97",
+                        "--max-tokens", "5", "--temperature", "0", "--ignore-eos",
+                        "--logprobs", "2")  # fmt: skip
+    assert records.returncode == 0, records.stderr
+    chunks = [json.loads(line) for line in records.stdout.splitlines()]
+    assert sum(len(c.get("token_ids", [])) for c in chunks) == 5
+    assert chunks[-1]["finish_reason"] == "FINISH_REASON_LENGTH"
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+    assert all(len(lp["top"]) == 2 for c in chunks for lp in c.get("logprobs", []))
+    # The same greedy tokens as a second run: the output is reproducible.
+    again = tensorctl(daemon, "--json", "generate", "tinylm", "--token-ids", "1,52,97",
+                      "--max-tokens", "5", "--temperature", "0", "--ignore-eos")  # fmt: skip
+    tokens = [t for c in chunks for t in c.get("token_ids", [])]
+    assert [t for line in again.stdout.splitlines()
+            for t in json.loads(line).get("token_ids", [])] == tokens  # fmt: skip
