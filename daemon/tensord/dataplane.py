@@ -193,6 +193,7 @@ class DataPlane:
     def health(self, model: str = "") -> HealthReport:
         """Serving state and every version, or one model's versions (NOT_FOUND if unknown)."""
         if model:
+            check_model(model)  # a token sees the health of the models it may use
             return HealthReport(self.serving, self.registry.get_versions(model))
         return HealthReport(self.serving, self.registry.versions())
 

@@ -131,6 +131,8 @@ def test_closed_health_and_open_reflection(small_repo: Path, token_file: Path) -
             assert error_of(c.health).code() == Code.UNAUTHENTICATED
         with client(srv, MLP_ONLY) as c:
             assert c.health().status == pb.SERVING_STATUS_SERVING
+            assert [m.name for m in c.health("mlp").models] == ["mlp"]
+            assert error_of(lambda: c.health("cnn")).code() == Code.PERMISSION_DENIED
     finally:
         srv.stop()
 
