@@ -1,5 +1,6 @@
 """Real Hugging Face Optimum exports (GPT-2, Llama with grouped KV heads, external weights):
-read unchanged, and decoded with a KV cache exactly as without one.
+read unchanged, decoded with a KV cache exactly as without one, and served by the daemon's
+generation engine (one test starts a real server on loopback) with the same tokens.
 
 The models are tiny and random, built from configs here (nothing downloaded), with the demo's
 tokenizer; transformers, optimum-onnx and torch come with the `export` extra that `make test`
@@ -185,3 +186,40 @@ def test_demo_graph_matches_transformers_llama(tmp_path: Path) -> None:
         [reference.last_logits(ids[0, : n + 1].tolist()) for n in range(ids.shape[1])]
     )
     np.testing.assert_allclose(feeds_logits, expected[0], atol=2e-4, rtol=1e-4)
+
+
+def test_exports_served_by_the_daemon_equal_the_reference(
+    exports: dict[str, Path], tmp_path: Path
+) -> None:
+    """The exports as they are (plus a small KV pool), through a real server and the engine:
+    every prompt's greedy stream equals the no-cache reference."""
+    import shutil
+
+    from tensord_client import Client
+    from tests.conftest import serve
+
+    for name, directory in exports.items():
+        shutil.copytree(directory, tmp_path / name)
+        (tmp_path / name / "model.toml").write_text("[generator]\nnum_blocks = 64\n")
+    srv = serve(tmp_path)
+    try:
+        with Client(srv.target, timeout=60, retries=0) as client:
+            kinds = {m.name: m.kind for m in client.info().models}
+            assert kinds == {"gpt2": "generator", "llama": "generator"}
+            for name, directory in exports.items():
+                loaded = load_generator_dir(directory)
+                reference = ReferenceModel(directory)
+                compared = 0
+                for text in PROMPTS:
+                    chunks = list(
+                        client.generate(
+                            name, text, max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True
+                        )  # fmt: skip
+                    )
+                    tokens = [t for c in chunks for t in c.token_ids]
+                    run = reference.greedy(loaded.encode_prompt(text), NEW_TOKENS)
+                    compared += run.check(tokens)
+                    assert chunks[-1].usage.prompt_tokens == len(run.prompt)
+                assert compared >= 3 * NEW_TOKENS, (name, compared)
+    finally:
+        srv.stop()
