@@ -214,7 +214,7 @@ def test_exports_served_by_the_daemon_equal_the_reference(
                     chunks = list(
                         client.generate(
                             name, text, max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True
-                        )  # fmt: skip
+                        )
                     )
                     tokens = [t for c in chunks for t in c.token_ids]
                     run = reference.greedy(loaded.encode_prompt(text), NEW_TOKENS)
