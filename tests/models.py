@@ -155,6 +155,14 @@ def build_test_repository(root: Path) -> Path:
             f"max_batch_size = 32\n[dynamic_batching]\nmax_queue_delay_microseconds = {delay_us}\n"
             f"preferred_batch_size = {preferred}\n"
         )
+    # The image classifier with dynamic batching: only requests of one image size join.
+    batched = root / "classifier_batched"
+    shutil.copytree(root / "classifier" / "1", batched / "1", dirs_exist_ok=True)
+    toml = (root / "classifier" / "model.toml").read_text()
+    (batched / "model.toml").write_text(
+        toml.replace("max_batch_size = 64\n", "max_batch_size = 64\n[dynamic_batching]\n"
+                     "max_queue_delay_microseconds = 20000\n", 1)
+    )  # fmt: skip
     build_detector(root / "detector" / "1" / "model.onnx")
     (root / "detector" / "model.toml").write_text(DETECTOR_TOML)
     broken = root / "broken" / "1" / "model.onnx"

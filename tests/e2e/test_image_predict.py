@@ -12,7 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from tensord.backends.onnxruntime import session_options
 from tensord.kernels import Normalisation, resize_normalize, softmax_topk
+from tensord.registry.model_config import ModelConfig
 from tensord_client import Client
 from tests.e2e.conftest import Daemon
 
@@ -41,12 +43,18 @@ def test_classifier_serves_top_k_for_a_photo(daemon: Daemon, demo_repo: Path) ->
         info = {m.name: m for m in client.info().models}["classifier"]
     norm = Normalisation.from_mean_std((123.675, 116.28, 103.53), (58.395, 57.12, 57.375))
     session = ort.InferenceSession(
-        str(demo_repo / "classifier" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+        str(demo_repo / "classifier" / "1" / "model.onnx"),
+        session_options(ModelConfig()),
+        providers=["CPUExecutionProvider"],
     )
     (logits,) = session.run(None, {"pixels": resize_normalize(image, 32, 32, norm)})
     classes, scores = softmax_topk(logits, 3)
-    assert out["classes"].tolist() == classes.tolist()
-    np.testing.assert_allclose(out["scores"], scores, rtol=1e-6)
+    if info.executor == "cuda":  # the model itself runs on the CUDA provider: other rounding
+        assert out["classes"][:, 0].tolist() == classes[:, 0].tolist()
+        np.testing.assert_allclose(out["scores"][:, 0], scores[:, 0], rtol=1e-3)
+    else:
+        assert out["classes"].tolist() == classes.tolist()
+        assert out["scores"].tobytes() == scores.tobytes()
     assert float(out["scores"].sum()) < 1.0 and (np.diff(out["scores"][0]) <= 0).all()
     expected_device = "cuda" if info.executor == "cuda" else "cpu"
     assert info.preprocess.device == info.postprocess.device == expected_device

@@ -38,7 +38,7 @@ CASES: list[tuple[str, pb.PredictRequest, Code, str]] = [
         "unknown model",
         pb.PredictRequest(model="nope", inputs=[good_input()]),
         Code.NOT_FOUND,
-        "model 'nope' not found; models: broken, classifier, cnn,",
+        "model 'nope' not found; models: broken, classifier, classifier_batched, cnn,",
     ),
     (
         "unknown version",

@@ -101,6 +101,22 @@ def test_output_subsets(client: Client) -> None:
     np.testing.assert_array_equal(box["letterbox"], np.float32([[1.6, 1.6, 0, 0]]))
 
 
+def test_batched_images_get_their_own_answers(client: Client) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    requests = [picture(1 + i % 3, 40 if i % 2 else 30, 50, seed=i) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(
+            pool.map(lambda im: client.predict("classifier_batched", {"image": im}), requests)
+        )
+    for images, reply in zip(requests, replies, strict=True):
+        alone = client.predict("classifier", {"image": images})
+        assert reply["classes"].tolist() == alone["classes"].tolist()
+        assert reply["scores"].tobytes() == alone["scores"].tobytes()
+    info = {m.name: m for m in client.info().models}["classifier_batched"]
+    assert info.dynamic_batching.requests == 8 and info.dynamic_batching.batches <= 8
+
+
 def test_info_says_where_processing_runs(client: Client) -> None:
     models = {m.name: m for m in client.info().models}
     classifier, detector = models["classifier"], models["detector"]

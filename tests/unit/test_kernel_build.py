@@ -17,6 +17,7 @@ from tensord.kernels.compiler import (
     NvrtcError,
     arch_for,
     compile_cubin,
+    nvrtc_library,
     nvrtc_version,
 )
 from tensord.kernels.sources import FAMILIES, load_source, source_dir
@@ -52,8 +53,13 @@ def test_compile_error_carries_the_log() -> None:
         compile_cubin(broken, "sm_90")
 
 
-def test_arch_choice() -> None:
+def test_nvrtc_is_found_without_a_toolkit() -> None:
+    # cuda-bindings finds libnvrtc through cuda-pathfinder: the nvidia-cuda-nvrtc wheel.
+    assert "libnvrtc" in nvrtc_library()
     assert nvrtc_version() >= (12, 0)
+
+
+def test_arch_choice() -> None:
     assert arch_for(9, 0) == "sm_90"
     assert arch_for(8, 0) == "sm_80"
     assert arch_for(8, 6) == "sm_86"

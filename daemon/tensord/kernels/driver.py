@@ -20,7 +20,7 @@ import structlog
 
 from tensord.errors import InternalError
 from tensord.kernels.cache import CachedKernel, cached_cubin, forget
-from tensord.kernels.compiler import arch_for
+from tensord.kernels.compiler import arch_for, nvrtc_library, nvrtc_version
 from tensord.kernels.sources import FAMILIES
 
 log = structlog.get_logger("tensord.kernels")
@@ -165,7 +165,14 @@ def load_kernels(device_id: int, cache_directory: Path, families: Iterable[str])
                     driver_get_function(module, name), f"cuModuleGetFunction {name}"
                 )
         _LOADED[(device_id, wanted)] = kernels
-        log.info("kernels.loaded", device=device_id, arch=kernels.arch, families=sorted(wanted))
+        log.info(
+            "kernels.loaded",
+            device=device_id,
+            arch=kernels.arch,
+            families=sorted(wanted),
+            nvrtc=".".join(map(str, nvrtc_version())),
+            nvrtc_library=nvrtc_library(),
+        )
         return kernels
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensord.backends.base import Backend, BackendPlacement, TensorSpec
-from tensord.errors import InvalidArgumentError
+from tensord.errors import InternalError, InvalidArgumentError
 from tensord.kernels import classify, image
 from tensord.kernels.nms import NmsSettings
 from tensord.kernels.nms import nms as nms_twin
@@ -144,7 +144,10 @@ class HostProcessedBackend:
             geo = geometry(pre, images.shape[1], images.shape[2], images.shape[0])
         names = self.plan.model_outputs_for(output_names)
         results = dict(zip(names, self.inner.run(feeds, names), strict=True))
-        served = postprocess_host(self.plan, results, geo)
+        try:
+            served = postprocess_host(self.plan, results, geo)
+        except ValueError as exc:  # the model produced a shape the postprocessing cannot take
+            raise InternalError(f"postprocessing failed: {exc}") from exc
         return [served[name] for name in output_names]
 
     def close(self) -> None:
