@@ -85,19 +85,10 @@ def build_cnn(seed: int = 1) -> onnx.ModelProto:
         _init(rng, "fc_w", (16 * 8 * 8, 10), 16 * 8 * 8),
         numpy_helper.from_array(np.zeros(10, np.float32), "fc_b"),
     ]
-    conv: dict[str, Any] = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    pool: dict[str, Any] = {"kernel_shape": [2, 2], "strides": [2, 2]}
     nodes = [
         helper.make_node("Cast", ["image"], ["imagef"], to=TensorProto.FLOAT),
         helper.make_node("Mul", ["imagef", "scale"], ["x0"]),
-        helper.make_node("Conv", ["x0", "c1_w", "c1_b"], ["x1"], **conv),
-        helper.make_node("Relu", ["x1"], ["x2"]),
-        helper.make_node("MaxPool", ["x2"], ["x3"], **pool),
-        helper.make_node("Conv", ["x3", "c2_w", "c2_b"], ["x4"], **conv),
-        helper.make_node("Relu", ["x4"], ["x5"]),
-        helper.make_node("MaxPool", ["x5"], ["x6"], **pool),
-        helper.make_node("Flatten", ["x6"], ["x7"], axis=1),
-        helper.make_node("Gemm", ["x7", "fc_w", "fc_b"], ["logits"]),
+        *_conv_trunk("x0"),
         helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
     ]
     graph = helper.make_graph(
@@ -108,6 +99,23 @@ def build_cnn(seed: int = 1) -> onnx.ModelProto:
         inits,
     )
     return _finish(graph, "tensord demo CNN: uint8 NCHW 3x32x32 images -> 10 class probabilities")
+
+
+def _conv_trunk(source: str) -> list[onnx.NodeProto]:
+    """conv-relu-pool x2 -> flatten -> Gemm, from float NCHW 3x32x32 `source` to "logits"
+    (weights c1_w, c1_b, c2_w, c2_b, fc_w, fc_b)."""
+    conv: dict[str, Any] = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    pool: dict[str, Any] = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    return [
+        helper.make_node("Conv", [source, "c1_w", "c1_b"], ["x1"], **conv),
+        helper.make_node("Relu", ["x1"], ["x2"]),
+        helper.make_node("MaxPool", ["x2"], ["x3"], **pool),
+        helper.make_node("Conv", ["x3", "c2_w", "c2_b"], ["x4"], **conv),
+        helper.make_node("Relu", ["x4"], ["x5"]),
+        helper.make_node("MaxPool", ["x5"], ["x6"], **pool),
+        helper.make_node("Flatten", ["x6"], ["x7"], axis=1),
+        helper.make_node("Gemm", ["x7", "fc_w", "fc_b"], ["logits"]),
+    ]
 
 
 def build_classifier(seed: int = 2) -> onnx.ModelProto:
@@ -121,18 +129,7 @@ def build_classifier(seed: int = 2) -> onnx.ModelProto:
         _init(rng, "fc_w", (16 * 8 * 8, 10), 16 * 8 * 8),
         numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "fc_b"),
     ]
-    conv: dict[str, Any] = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    pool: dict[str, Any] = {"kernel_shape": [2, 2], "strides": [2, 2]}
-    nodes = [
-        helper.make_node("Conv", ["pixels", "c1_w", "c1_b"], ["x1"], **conv),
-        helper.make_node("Relu", ["x1"], ["x2"]),
-        helper.make_node("MaxPool", ["x2"], ["x3"], **pool),
-        helper.make_node("Conv", ["x3", "c2_w", "c2_b"], ["x4"], **conv),
-        helper.make_node("Relu", ["x4"], ["x5"]),
-        helper.make_node("MaxPool", ["x5"], ["x6"], **pool),
-        helper.make_node("Flatten", ["x6"], ["x7"], axis=1),
-        helper.make_node("Gemm", ["x7", "fc_w", "fc_b"], ["logits"]),
-    ]
+    nodes = _conv_trunk("pixels")
     graph = helper.make_graph(
         nodes,
         "classifier",
