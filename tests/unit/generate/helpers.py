@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from tensord.generate.request import Request
 from tensord.generate.sampling_params import ResolvedSamplingParams
 
@@ -30,3 +34,18 @@ def make_request(
     **sampling: object,
 ) -> Request:
     return Request(request_id, list(prompt), params(**sampling), arrival, deadline)
+
+
+def byte_level_bpe(corpus: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A small byte-level BPE trained on `corpus` (with an `<eos>` special token): with a
+    few hundred tokens, most multibyte characters stay split across tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return tok

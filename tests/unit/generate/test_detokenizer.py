@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from tensord.generate.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from tests.unit.generate.helpers import byte_level_bpe
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -27,16 +28,7 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
     """A small byte-level BPE: with ~300 tokens, most multibyte characters stay split."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    return tok
+    return byte_level_bpe(CORPUS, 300)
 
 
 def stream(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:

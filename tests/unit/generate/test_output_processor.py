@@ -6,27 +6,18 @@ import asyncio
 
 import grpc
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 from tensord.errors import DeadlineExceededError, InternalError, UnavailableError
 from tensord.generate.output_processor import OutputProcessor, RequestOutputCollector
 from tensord.generate.outputs import EngineCoreOutput, RequestOutput, TokenLogprob, Usage
 from tensord.generate.request import RequestStatus
-from tests.unit.generate.helpers import make_request
+from tests.unit.generate.helpers import byte_level_bpe, make_request
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=280,
-        special_tokens=["<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(["stop here. STOP there. 東京 😀 café"] * 5, trainer)
-    return tok
+    return byte_level_bpe(["stop here. STOP there. 東京 😀 café"] * 5, 280)
 
 
 class Clock:
