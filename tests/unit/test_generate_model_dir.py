@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
+from tensord.generate.demo_graph import DecoderShape
 from tensord.generate.demo_model import DemoGeneratorOptions, build_demo_generator
 from tensord.generate.hf_config import GenerationDefaults
 from tensord.generate.model_dir import is_generator_dir, load_generator_dir, read_generator_spec
@@ -85,7 +86,7 @@ def test_encode_prompt_adds_bos_once(tinylm: Path) -> None:
 
 def test_external_data(tmp_path: Path) -> None:
     directory = build_demo_generator(
-        tmp_path / "ext", DemoGeneratorOptions(num_layers=1, external_data=True)
+        tmp_path / "ext", DemoGeneratorOptions(DecoderShape(num_layers=1), external_data=True)
     )
     spec = read_generator_spec(directory)
     assert spec.external_data_paths == ((directory / "model.onnx_data").resolve(),)

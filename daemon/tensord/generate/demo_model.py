@@ -17,7 +17,7 @@ different greedy continuations. Nothing is downloaded; it builds in about a seco
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,24 +39,16 @@ EXTERNAL_DATA_FILE = "model.onnx_data"
 class DemoGeneratorOptions:
     """What to build: the sizes are the demo's; tests may shrink them."""
 
-    num_layers: int = 4
-    hidden_size: int = 256
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 64
-    intermediate_size: int = 704
-    context_length: int = 2048
-    vocab_size: int = 2048
+    shape: DecoderShape = field(default_factory=DecoderShape)
+    """The decoder's sizes; its vocab_size is what the tokenizer is trained to (the graph
+    takes the size the tokenizer really reaches)."""
     seed: int = 0
     external_data: bool = False
     """Write the weights to model.onnx_data beside model.onnx, as large exports do."""
 
 
 def _shape(options: DemoGeneratorOptions, vocab_size: int) -> DecoderShape:
-    sizes = asdict(options)
-    for key in ("seed", "external_data", "vocab_size"):
-        sizes.pop(key)
-    return DecoderShape(vocab_size=vocab_size, **sizes)
+    return replace(options.shape, vocab_size=vocab_size)
 
 
 def _config_json(shape: DecoderShape, ids: dict[str, int]) -> dict[str, Any]:
@@ -121,7 +113,7 @@ def build_demo_generator(directory: Path, options: DemoGeneratorOptions | None =
     """Write the generator directory (see the module doc) and return it."""
     options = options or DemoGeneratorOptions()
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(options.vocab_size, options.seed)
+    tokenizer = build_tokenizer(options.shape.vocab_size, options.seed)
     ids = {
         "pad": tokenizer.token_to_id(PAD_TOKEN),
         "bos": tokenizer.token_to_id(BOS_TOKEN),
