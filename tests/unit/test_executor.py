@@ -12,7 +12,12 @@ import pytest
 
 from tensord.backends.base import BackendPlacement, TensorSpec
 from tensord.dtypes import DType
-from tensord.errors import DeadlineExceededError, InternalError, OutOfMemoryError
+from tensord.errors import (
+    DeadlineExceededError,
+    InternalError,
+    OutOfMemoryError,
+    UnavailableError,
+)
 from tensord.executor.cpu import CpuExecutor, join_into
 from tensord.executor.pools import ALIGNMENT, HostBufferPool, size_class
 from tensord.executor.split import run_splitting_on_oom, split_rows
@@ -166,3 +171,18 @@ async def test_out_of_memory_splits_the_batch_in_half() -> None:
             CpuExecutor("m", single, 1).run, [{"x": np.ones((1, 2), np.float32)}], ["y"]
         )
     executor.close()
+
+
+async def test_close_answers_queued_runs_unavailable() -> None:
+    executor = CpuExecutor("m", Doubler(delay=0.3), lanes=1)
+    x = {"x": np.ones((1, 2), np.float32)}
+    running = asyncio.create_task(executor.run([x], ["y"]))
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(executor.run([x], ["y"]))
+    await asyncio.sleep(0.01)
+    assert executor.stats().queue_depth == 1
+    executor.close()
+    with pytest.raises(UnavailableError, match="unloaded before this request ran"):
+        await asyncio.wait_for(queued, 1.0)
+    assert (await running).outputs[0].tolist() == [[2, 2]]  # the run in progress finishes
+    assert executor.stats().queue_depth == 0

@@ -8,6 +8,7 @@ one lane (`_execute`) and which buffer pools they keep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -16,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from tensord.errors import DeadlineExceededError
+from tensord.errors import DeadlineExceededError, UnavailableError
 from tensord.executor.base import ExecutorStats, LaneStats, PoolStats, RunResult
 
 
@@ -90,6 +91,10 @@ class LaneExecutor:
         if done.cancelled():
             with self._lock:
                 self._queued -= 1
+            # Cancelled by its caller (client gone, deadline: already answered) or by
+            # close() while still queued: then its caller must hear why, not wait forever.
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(_settle_unloaded, result)
             return
         loop.call_soon_threadsafe(_settle, result, done)
 
@@ -146,6 +151,13 @@ class LaneExecutor:
 
     def _stop_lanes(self, wait: bool) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def _settle_unloaded(result: asyncio.Future[RunResult]) -> None:
+    if not result.done():
+        result.set_exception(
+            UnavailableError("the model was unloaded before this request ran; retry")
+        )
 
 
 def _settle(result: asyncio.Future[RunResult], done: Future[RunResult]) -> None:
