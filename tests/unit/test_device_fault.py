@@ -83,3 +83,17 @@ def test_sticky_error_in_text(text: str, expected: str | None) -> None:
 def test_is_sticky() -> None:
     assert is_sticky(700) and is_sticky(214)
     assert not is_sticky(2) and not is_sticky(46)
+
+
+def test_driver_api_errors_are_classified_like_runtime_ones() -> None:
+    """A kernel launched through the driver API that faults (CUresult, not cudaError_t)
+    must also end in the device-lost path, not a plain INTERNAL."""
+    from cuda.bindings import driver
+
+    from tensord.kernels.driver import DriverError, StickyDriverError, driver_error_type
+
+    for sticky in ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ASSERT"):
+        kind = driver_error_type(getattr(driver.CUresult, sticky))
+        assert kind is StickyDriverError and issubclass(kind, DeviceLostError)
+    for passing in ("CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND"):
+        assert driver_error_type(getattr(driver.CUresult, passing)) is DriverError

@@ -18,7 +18,8 @@ from typing import Any
 
 import structlog
 
-from tensord.errors import InternalError
+from tensord.errors import DeviceLostError, InternalError
+from tensord.executor.device_fault import sticky_error_in
 from tensord.kernels.cache import CachedKernel, cached_cubin, forget
 from tensord.kernels.compiler import arch_for, nvrtc_library, nvrtc_version
 from tensord.kernels.sources import FAMILIES
@@ -43,13 +44,24 @@ class DriverError(InternalError):
         super().__init__(f"{call} failed: {self.error_name}: {detail}")
 
 
+class StickyDriverError(DriverError, DeviceLostError):
+    """A driver error after which the context is lost (an illegal address in a kernel, say):
+    like the runtime's StickyCudaError, the daemon drains and exits non-zero."""
+
+
+def driver_error_type(error: Any) -> type[DriverError]:
+    """StickyDriverError for the driver's names of the sticky errors (device_fault.py)."""
+    name = getattr(error, "name", str(error))  # CUresult members carry their enum name
+    return StickyDriverError if sticky_error_in(name) else DriverError
+
+
 def drv_check(result: Any, call: str) -> Any:
     """The values of a driver call's result, or DriverError naming the call."""
     from cuda.bindings import driver
 
     values = result if isinstance(result, tuple) else (result,)
     if values[0] != driver.CUresult.CUDA_SUCCESS:
-        raise DriverError(call, values[0])
+        raise driver_error_type(values[0])(call, values[0])
     rest = values[1:]
     if not rest:
         return None
