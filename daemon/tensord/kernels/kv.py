@@ -28,6 +28,21 @@ def _check_common(
             )
 
 
+def _check_dense(name: str, array: np.ndarray, pool: np.ndarray, batch: int, length: str) -> None:
+    """`array` must be [batch, H, length, D] in the pool's dtype."""
+    _, h, _, d = pool.shape
+    if (
+        array.dtype != pool.dtype
+        or array.ndim != 4
+        or array.shape[:2] != (batch, h)
+        or (array.shape[3] != d)
+    ):
+        raise ValueError(
+            f"{name} must be {pool.dtype} [{batch}, {h}, {length}, {d}], got {array.dtype} "
+            f"{list(array.shape)}"
+        )
+
+
 def _blocks(
     block_tables: np.ndarray, b: int, positions: np.ndarray, bs: int, nb: int
 ) -> np.ndarray:
@@ -53,19 +68,9 @@ def kv_gather(
     """out[b, :, t, :] = pool[block_tables[b, t // bs], :, t % bs, :] for t < seq_lens[b],
     0 for seq_lens[b] <= t < P_max. Writes into out [B, H, P_max, D] and returns it."""
     _check_common(pool, block_tables, {"seq_lens": seq_lens})
-    nb, h, bs, d = pool.shape
+    nb, _, bs, _ = pool.shape
     batch = block_tables.shape[0]
-    if (
-        out.dtype != pool.dtype
-        or out.ndim != 4
-        or out.shape[0] != batch
-        or out.shape[1] != h
-        or (out.shape[3] != d)
-    ):
-        raise ValueError(
-            f"out must be {pool.dtype} [{batch}, {h}, P_max, {d}], got {out.dtype} "
-            f"{list(out.shape)}"
-        )
+    _check_dense("out", out, pool, batch, "P_max")
     p_max = out.shape[2]
     if seq_lens.size and (seq_lens.min() < 0 or seq_lens.max() > p_max):
         raise ValueError(f"seq_lens must be within 0..{p_max} (P_max), got {seq_lens.tolist()}")
@@ -89,19 +94,9 @@ def kv_scatter(
     pool[block_tables[b, p // bs], :, p % bs, :] = new[b, :, t, :]. Writes into pool and
     returns it."""
     _check_common(pool, block_tables, {"start_pos": start_pos, "num_new": num_new})
-    nb, h, bs, d = pool.shape
+    nb, _, bs, _ = pool.shape
     batch = block_tables.shape[0]
-    if (
-        new.dtype != pool.dtype
-        or new.ndim != 4
-        or new.shape[0] != batch
-        or new.shape[1] != h
-        or (new.shape[3] != d)
-    ):
-        raise ValueError(
-            f"new must be {pool.dtype} [{batch}, {h}, T_max, {d}], got {new.dtype} "
-            f"{list(new.shape)}"
-        )
+    _check_dense("new", new, pool, batch, "T_max")
     t_max = new.shape[2]
     if num_new.size and (num_new.min() < 0 or num_new.max() > t_max):
         raise ValueError(f"num_new must be within 0..{t_max} (T_max), got {num_new.tolist()}")
