@@ -124,7 +124,6 @@ class GenerationEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         deadline: float | None = None,
-        arrival: float | None = None,
     ) -> tuple[str, RequestOutputCollector]:
         """Admit a request (raises InvalidArgument / ResourceExhausted / Unavailable at
         once); returns its id and the slot its chunks arrive in."""
@@ -137,8 +136,7 @@ class GenerationEngine:
         )
         self._loop = asyncio.get_running_loop()
         request_id = f"{self.name}-{next(self._ids)}"
-        arrival = time.monotonic() if arrival is None else arrival
-        request = Request(request_id, list(prompt_token_ids), resolved, arrival, deadline)
+        request = Request(request_id, list(prompt_token_ids), resolved, time.monotonic(), deadline)
         with self._wake:
             if self._stopping is not None:
                 raise self._stopping
