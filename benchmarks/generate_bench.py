@@ -1,18 +1,22 @@
 """Generate throughput and latency of tensord against the plain ONNX Runtime loop.
 
-    python benchmarks/generate_bench.py [--streams 1,4,16,32] [--requests 3] [--quick]
+    python benchmarks/generate_bench.py [--streams 1,4,16,32] [--rounds 5] [--quick]
 
-For each stream count N, N concurrent clients each send `--requests` greedy requests back
-to back (prompts of `--prompt-len` tokens, `--new-tokens` tokens each, ignore_eos) to
-`tensord serve` on the demo repository, and it reports aggregate generated tokens/s, time
-to first token (p50/p99, from sending the request to the first chunk) and inter-token
-latency (p50/p99; a chunk holding k tokens counts as k gaps of 1/k of its wait). The same
-run measures the limit at each N, just before and just after tensord's point: an
-in-process plain ONNX Runtime batched greedy loop with a contiguous KV cache on the same
-model, with the engine's thread settings (benchmarks/generate_limit.py); the faster of the
-two counts. It also serves the N=16 requests one at a time, for the
-continuous-batching gain. Targets on a 2-core host: >= 0.8x the limit at 16 streams,
->= 0.7x at 1, and 16 concurrent streams >= 5x the one-at-a-time throughput.
+For each stream count N, N concurrent clients each send greedy requests back to back
+(`--requests` each; by default at least 3, and enough for 1024 tokens a window), prompts
+of `--prompt-len` tokens, `--new-tokens` tokens each, ignore_eos, to `tensord serve` on
+the demo repository. It reports aggregate generated tokens/s, time to first token
+(p50/p99, from sending the request to the first chunk) and inter-token latency (p50/p99;
+a chunk holding k tokens counts as k gaps of 1/k of its wait). The limit is an in-process
+plain ONNX Runtime batched greedy loop with a contiguous KV cache on the same model, with
+the engine's thread settings (benchmarks/generate_limit.py), timed by wall clock like the
+served streams and over the same tokens. Each N is measured in `--rounds` paired rounds,
+the limit and then tensord back to back, and the median of the rounds' ratios counts: on
+a host whose speed drifts between windows, each ratio compares like with like, and
+neither side is a best-of-several. At N=16 each round also serves the same 16 requests
+one at a time, for the continuous-batching gain (median of the rounds' gains). Targets
+on a 2-core host: >= 0.8x the limit at 16 streams, >= 0.7x at 1, and 16 concurrent
+streams >= 5x the one-at-a-time throughput.
 Results go to benchmarks/results/generate-<timestamp>.json.
 """
 
@@ -21,24 +25,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import grpc
+import onnxruntime as ort
 import use_venv
-from generate_limit import measure_limit, sample_prompts
+from generate_limit import greedy_with_past, make_session, sample_prompts
 from machine import machine_info
 from procs import ProcessGroup, exit_on_signals
 from servers import start_tensord
 from stats import percentile
 
-from tensord.generate.model_dir import read_generator_spec
+from tensord.generate.model_dir import GeneratorSpec, read_generator_spec
 from tensord.registry.generator_config import GeneratorConfig
 from tensord.registry.repository import scan_repository
+from tensord.v1 import inference_pb2 as pb
 from tensord_client import AsyncClient
 
 REPO = use_venv.REPO
@@ -47,11 +55,36 @@ DEFAULT_REPOSITORY = REPO / "build" / "demo-models"
 MODEL = "tinylm"
 TARGETS = {1: 0.7, 16: 0.8}
 BATCHING_GAIN_TARGET = 5.0
+_WINDOW_TOKENS = 1024
+"""Tokens a measured window generates at least (shorter ones drift with the host)."""
+
+
+@dataclass(slots=True)
+class Window:
+    """What one measured load (one round of one stream count) gave."""
+
+    tokens: int
+    wall_s: float
+    ttft_s: list[float]
+    itl_s: list[float]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+@dataclass(slots=True)
+class Round:
+    """One paired round: the limit, then tensord, back to back."""
+
+    tokens_per_s: float
+    limit_tokens_per_s: float
+    ratio: float
 
 
 @dataclass(slots=True)
 class StreamPoint:
-    """One stream count's figures."""
+    """One stream count's figures: medians over the rounds, latencies pooled."""
 
     streams: int
     requests: int
@@ -64,6 +97,52 @@ class StreamPoint:
     itl_ms_p99: float
     limit_tokens_per_s: float = 0.0
     ratio: float = 0.0
+    rounds: list[Round] = field(default_factory=list)
+
+
+def _limit_tokens_per_s(
+    session: ort.InferenceSession,
+    spec: GeneratorSpec,
+    prompts: list[list[int]],
+    new_tokens: int,
+    batches: int,
+) -> float:
+    """The plain loop's tokens/s over `batches` batches back to back (wall clock), the
+    same tokens a round's served window generates."""
+    runs = [greedy_with_past(session, spec, prompts, new_tokens) for _ in range(batches)]
+    return len(prompts) * new_tokens * batches / sum(run.total_s for run in runs)
+
+
+async def _wait_ready(target: str, timeout_s: float = 120.0) -> None:
+    """Until the daemon reports SERVING (it loads and warms its models first)."""
+    deadline = time.monotonic() + timeout_s
+    async with AsyncClient(target, timeout=5) as client:
+        while True:
+            try:
+                health = await client.health()
+                if health.status == pb.SERVING_STATUS_SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"generate_bench: the daemon at {target} is not serving")
+            await asyncio.sleep(0.1)
+
+
+def _summarise(streams: int, requests: int, windows: list[Window]) -> StreamPoint:
+    ttft = sorted(t for w in windows for t in w.ttft_s)
+    itl = sorted(t for w in windows for t in w.itl_s)
+    return StreamPoint(
+        streams=streams,
+        requests=requests * len(windows),
+        tokens=sum(w.tokens for w in windows),
+        wall_s=sum(w.wall_s for w in windows),
+        tokens_per_s=statistics.median(w.tokens_per_s for w in windows),
+        ttft_ms_p50=percentile(ttft, 50) * 1e3,
+        ttft_ms_p99=percentile(ttft, 99) * 1e3,
+        itl_ms_p50=percentile(itl, 50) * 1e3 if itl else 0.0,
+        itl_ms_p99=percentile(itl, 99) * 1e3 if itl else 0.0,
+    )
 
 
 async def _one(
@@ -94,7 +173,7 @@ async def _one(
 
 async def _streams(
     target: str, prompts: list[list[int]], requests: int, new_tokens: int, concurrent: bool
-) -> StreamPoint:
+) -> Window:
     async with AsyncClient(target, timeout=600) as client:
         # Warm-up: one request per stream (not measured).
         await asyncio.gather(*(_one(client, p, 4) for p in prompts))
@@ -117,19 +196,7 @@ async def _streams(
             for prompt in prompts:
                 await stream(prompt)
         wall = time.perf_counter() - start
-    ttft.sort()
-    itl.sort()
-    return StreamPoint(
-        streams=len(prompts) if concurrent else 1,
-        requests=len(prompts) * requests,
-        tokens=tokens,
-        wall_s=wall,
-        tokens_per_s=tokens / wall,
-        ttft_ms_p50=percentile(ttft, 50) * 1e3,
-        ttft_ms_p99=percentile(ttft, 99) * 1e3,
-        itl_ms_p50=percentile(itl, 50) * 1e3 if itl else 0.0,
-        itl_ms_p99=percentile(itl, 99) * 1e3 if itl else 0.0,
-    )
+    return Window(tokens, wall, ttft, itl)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -137,10 +204,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--streams", default="1,4,16,32", help="comma-separated stream counts")
-    parser.add_argument("--requests", type=int, default=3, help="requests per stream")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="requests per stream and round (default: at least 3, and enough for "
+        f"{_WINDOW_TOKENS} tokens a window)",
+    )
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--quick", action="store_true", help="1 request per stream")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="paired rounds per stream count; the median counts"
+    )
+    parser.add_argument("--quick", action="store_true", help="1 request per stream, 2 rounds")
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args(argv)
@@ -172,7 +248,7 @@ def _render(points: list[StreamPoint], sequential: StreamPoint | None, gain: flo
         verdict = "ok" if gain >= BATCHING_GAIN_TARGET else f"< {BATCHING_GAIN_TARGET}"
         lines.append(
             f"16 one at a time: {sequential.tokens_per_s:.0f} tok/s; 16 concurrent / one at a "
-            f"time = {gain:.2f}x ({verdict})"
+            f"time = {gain:.2f}x, median of the rounds ({verdict})"
         )
     return "\n".join(lines)
 
@@ -186,38 +262,53 @@ def main(argv: list[str] | None = None) -> int:
     spec = read_generator_spec(model_dir)
     started = datetime.now(UTC)
     points: list[StreamPoint] = []
-    sequential = None
+    sequential_windows: list[Window] = []
+    gains: list[float] = []
     threads = _engine_threads(args.model_repository)
+    rounds = 2 if args.quick else max(1, args.rounds)
+    session = make_session(spec, threads)
     with ProcessGroup() as procs, tempfile.TemporaryFile("w+") as log:
         server = start_tensord(procs, args.model_repository, log)
+        asyncio.run(_wait_ready(server.target))
         for n in counts:
-            # The limit just before and just after the daemon's point (the daemon idle in
-            # between; the faster run counts), so that the ratio compares like with like
-            # on a host whose speed drifts.
-            before = measure_limit(model_dir, n, args.prompt_len, args.new_tokens,
-                                   intra_op_threads=threads)  # fmt: skip
             prompts = sample_prompts(spec, n, args.prompt_len, seed=n)
-            point = asyncio.run(_streams(server.target, prompts, requests, args.new_tokens, True))
-            after = measure_limit(model_dir, n, args.prompt_len, args.new_tokens,
-                                  intra_op_threads=threads)  # fmt: skip
-            point.limit_tokens_per_s = max(before.tokens_per_s, after.tokens_per_s)
-            point.ratio = point.tokens_per_s / point.limit_tokens_per_s
+            windows: list[Window] = []
+            paired: list[Round] = []
+            # One untimed round of each first: ONNX Runtime's arenas grow on the first
+            # passes at a new batch size and length, on both sides.
+            per_stream = requests or max(3, -(-_WINDOW_TOKENS // (n * args.new_tokens)))
+            greedy_with_past(session, spec, prompts, args.new_tokens)
+            asyncio.run(_streams(server.target, prompts, 1, args.new_tokens, True))
+            for _ in range(rounds):
+                # The limit and the daemon back to back (the daemon idle meanwhile), over
+                # the same tokens, so each round's ratio compares like with like on a host
+                # whose speed drifts.
+                limit = _limit_tokens_per_s(session, spec, prompts, args.new_tokens, per_stream)
+                window = asyncio.run(
+                    _streams(server.target, prompts, per_stream, args.new_tokens, True)
+                )
+                windows.append(window)
+                paired.append(Round(window.tokens_per_s, limit, window.tokens_per_s / limit))
+                if n == 16:
+                    alone = asyncio.run(_streams(server.target, prompts, 1, args.new_tokens, False))
+                    sequential_windows.append(alone)
+                    gains.append(window.tokens_per_s / alone.tokens_per_s)
+            point = _summarise(n, per_stream, windows)
+            point.rounds = paired
+            point.limit_tokens_per_s = statistics.median(r.limit_tokens_per_s for r in paired)
+            point.ratio = statistics.median(r.ratio for r in paired)
             points.append(point)
             print(
-                f"{n} streams: tensord {point.tokens_per_s:.0f} tok/s, limit "
-                f"{before.tokens_per_s:.0f} before / {after.tokens_per_s:.0f} after",
+                f"{n} streams: tensord / limit per round: "
+                + ", ".join(
+                    f"{r.tokens_per_s:.0f} / {r.limit_tokens_per_s:.0f} = {r.ratio:.2f}"
+                    for r in paired
+                ),
                 flush=True,
             )
-        if 16 in counts:
-            prompts = sample_prompts(spec, 16, args.prompt_len, seed=16)
-            sequential = asyncio.run(_streams(server.target, prompts, 1, args.new_tokens, False))
         procs.stop_all()
-    by_streams = {p.streams: p for p in points}
-    gain = (
-        by_streams[16].tokens_per_s / sequential.tokens_per_s
-        if sequential is not None and 16 in by_streams
-        else None
-    )
+    sequential = _summarise(1, 16, sequential_windows) if sequential_windows else None
+    gain = statistics.median(gains) if gains else None
     print(_render(points, sequential, gain))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     out = args.results_dir / f"generate-{started:%Y%m%d-%H%M%S}.json"
@@ -227,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(REPO),
         "settings": {
             "streams": counts,
-            "requests_per_stream": requests,
+            "requests_per_stream": requests or "auto",
+            "rounds": rounds,
             "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens,
             "targets": TARGETS,

@@ -120,6 +120,11 @@ class KVCacheManager:
         Returns the newly allocated blocks, or None, changing nothing, when the pool has
         too few free blocks.
         """
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks and not new_computed_blocks:  # a decode step within its last block
+            needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+            if needed <= len(blocks):
+                return []
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_required = -(-(num_computed + num_new_tokens) // self.block_size)

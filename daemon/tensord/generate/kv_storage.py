@@ -10,6 +10,7 @@ the keys and values a step produced back into blocks.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,25 +45,6 @@ class KVStorage:
             for _ in range(shape.num_layers)
         ]
 
-    def _scatter_direct(
-        self,
-        tables: Sequence[Sequence[int]],
-        starts: Sequence[int],
-        counts: Sequence[int],
-        new: Sequence[tuple[np.ndarray, np.ndarray]],
-        offset: int,
-    ) -> None:
-        bs = self.block_size
-        writes = [
-            (b, offset + t, tables[b][(start + t) // bs], (start + t) % bs)
-            for b, (start, count) in enumerate(zip(starts, counts, strict=True))
-            for t in range(count)
-        ]
-        for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
-            for row, col, block, slot in writes:
-                k_pool[block, :, slot, :] = k_new[row, :, col, :]
-                v_pool[block, :, slot, :] = v_new[row, :, col, :]
-
     @property
     def nbytes(self) -> int:
         """Bytes held by every pool."""
@@ -92,20 +74,27 @@ class KVStorage:
     ) -> None:
         """Write new[i] = (keys, values) [B, kv_heads, >= offset + T, head_dim], positions
         offset + t for t < counts[b], into sequence b's positions starts[b] + t."""
-        if sum(counts) <= _DIRECT_TOKENS:
-            self._scatter_direct(tables, starts, counts, new, offset)
+        bs = self.block_size
+        if len(counts) == 1 and counts[0] == 1:  # one sequence's decode: plain slices
+            block, slot = tables[0][starts[0] // bs], starts[0] % bs
+            for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
+                k_pool[block, :, slot, :] = k_new[0, :, offset, :]
+                v_pool[block, :, slot, :] = v_new[0, :, offset, :]
             return
-        rows, cols, blocks, slots = scatter_index(tables, starts, counts, self.block_size)
+        if len(counts) and min(counts) == max(counts) == 1:  # a decode step: one token each
+            blocks = np.array([t[s // bs] for t, s in zip(tables, starts, strict=True)], np.int64)
+            slots = np.array(starts, np.int64) % bs
+            for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
+                k_pool[blocks, :, slots, :] = k_new[:, :, offset, :]
+                v_pool[blocks, :, slots, :] = v_new[:, :, offset, :]
+            return
+        rows, cols, blocks, slots = scatter_index(tables, starts, counts, bs)
         if not len(rows):
             return
+        cols += offset
         for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
-            k_pool[blocks, :, slots, :] = k_new[rows, :, cols + offset, :]
-            v_pool[blocks, :, slots, :] = v_new[rows, :, cols + offset, :]
-
-
-# Up to this many tokens, plain slice assignments beat building fancy indices (decode steps
-# of a few sequences); above it, one fancy assignment per pool.
-_DIRECT_TOKENS = 4
+            k_pool[blocks, :, slots, :] = k_new[rows, :, cols, :]
+            v_pool[blocks, :, slots, :] = v_new[rows, :, cols, :]
 
 
 def _reserved(dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -148,16 +137,11 @@ def scatter_index(
     tables: Sequence[Sequence[int]], starts: Sequence[int], counts: Sequence[int], block_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(batch rows, new-token columns, block ids, slots in block) of every token to write."""
-    rows, cols, blocks, slots = [], [], [], []
-    for b, (table, start, count) in enumerate(zip(tables, starts, counts, strict=True)):
-        if count <= 0:
-            continue
-        positions = np.arange(start, start + count)
-        rows.append(np.full(count, b))
-        cols.append(np.arange(count))
-        blocks.append(np.asarray(table, np.int64)[positions // block_size])
-        slots.append(positions % block_size)
-    if not rows:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty, empty
-    return tuple(np.concatenate(a) for a in (rows, cols, blocks, slots))  # type: ignore[return-value]
+    count = np.maximum(np.asarray(counts, np.int64), 0)
+    rows = np.repeat(np.arange(len(count)), count)
+    cols = np.arange(len(rows)) - (np.cumsum(count) - count)[rows]
+    positions = np.asarray(starts, np.int64)[rows] + cols
+    lengths = np.array([len(t) for t in tables], np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(tables), np.int64, int(lengths.sum()))
+    blocks = flat[(np.cumsum(lengths) - lengths)[rows] + positions // block_size]
+    return rows, cols, blocks, positions % block_size

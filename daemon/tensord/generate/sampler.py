@@ -51,6 +51,8 @@ class Sampler:
                 f"logits of shape {logits.shape} for {len(requests)} requests; expected [N, V]"
             )
         params = [request.sampling_params for request in requests]
+        if all(p.argmax_only for p in params):  # the common greedy batch: argmax alone
+            return SamplerOutput(logits.argmax(axis=1).astype(np.int64), [None] * len(params))
         scores = _penalised(logits, requests)
         token_ids = np.empty(len(requests), np.int64)
         greedy = np.array([p.greedy for p in params], dtype=bool)

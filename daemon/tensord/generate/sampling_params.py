@@ -91,6 +91,14 @@ class ResolvedSamplingParams:
         """Temperature (near) zero: the most likely token, no randomness."""
         return self.temperature < SAMPLING_EPS
 
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy with no repetition penalty and no log probabilities: the next token is
+        the logits' argmax and nothing else is computed."""
+        return self.temperature < SAMPLING_EPS and self.repetition_penalty == 1.0 and (
+            not self.logprobs
+        )
+
 
 @dataclass(slots=True, frozen=True)
 class SamplingParams:

@@ -85,3 +85,35 @@ def test_storage_agrees_with_the_kernel_twins() -> None:
         out = np.full((2, 2, 12, 3), np.nan, np.float32)
         kv_gather(k_pool, tables32, np.array(lengths, np.int32), out)
         assert np.array_equal(gathered[layer][0], out)
+
+
+def test_batched_decode_scatter_agrees_with_the_twin() -> None:
+    """A decode step of several sequences (one token each, the engine's common case) writes
+    what the kernel twin writes, at each sequence's own position."""
+    from tensord.kernels.kv import kv_scatter
+
+    rng = np.random.default_rng(11)
+    storage = _storage()
+    tables = [[6, 1, 3], [0, 5], [2]]
+    starts = [9, 4, 3]  # block 3 slot 1, block 5 slot 0, block 2 slot 3
+    new = [
+        (
+            rng.standard_normal((3, 2, 7, 3), np.float32),
+            rng.standard_normal((3, 2, 7, 3), np.float32),
+        )
+        for _ in range(2)
+    ]
+    storage.scatter(tables, starts, [1, 1, 1], new, offset=6)
+    padded = np.array([t + [-1] * (3 - len(t)) for t in tables], np.int32)
+    for (k, v), (k_new, v_new) in zip(storage.layers, new, strict=True):
+        for pool, fresh in ((k, k_new), (v, v_new)):
+            twin = np.zeros_like(pool)
+            kv_scatter(
+                np.ascontiguousarray(fresh[:, :, 6:]),
+                padded,
+                np.array(starts, np.int32),
+                np.ones(3, np.int32),
+                twin,
+            )
+            assert np.array_equal(pool, twin)
+    assert np.array_equal(storage.layers[1][1][5, :, 0], new[1][1][1, :, 6])
