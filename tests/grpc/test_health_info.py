@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tensord.v1 import inference_pb2 as pb
 from tensord_client import Client
-from tests.conftest import ServerThread
+from tests.conftest import ServerThread, serve
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -93,6 +95,8 @@ def test_info_reports_executor_and_batching(client: Client) -> None:
     info = {(m.name, m.version): m for m in client.info().models}
     batched = info[("mlp_batched", 1)]
     assert batched.instance_count == 2
+    # instance_count is unset in its model.toml: on the CPU one batch runs at a time.
+    assert batched.dynamic_batching.concurrent_batches == 1
     assert list(batched.dynamic_batching.preferred_batch_size) == [16, 32]
     assert batched.dynamic_batching.max_queue_delay_microseconds == 2000
     assert batched.dynamic_batching.requests >= 1 and batched.dynamic_batching.rows >= 3
@@ -116,3 +120,23 @@ def test_info_says_whether_tensorrt_is_here(client: Client) -> None:
     assert client.info().tensorrt == why
     if not available:
         assert why.startswith("the tensorrt Python package is not usable here (")
+
+
+def test_an_explicit_instance_count_runs_that_many_batches(
+    small_repo: Path, tmp_path: Path
+) -> None:
+    """instance_count set in model.toml is honoured by the batcher on the CPU too."""
+    import shutil
+
+    shutil.copytree(small_repo / "mlp", tmp_path / "mlp")
+    (tmp_path / "mlp" / "model.toml").write_text(
+        "max_batch_size = 32\ninstance_count = 3\n[dynamic_batching]\n"
+    )
+    srv = serve(tmp_path)
+    try:
+        with Client(srv.target) as c:
+            (mlp,) = [m for m in c.info().models if m.name == "mlp"]
+    finally:
+        srv.stop()
+    assert mlp.instance_count == 3 and mlp.dynamic_batching.concurrent_batches == 3
+    assert len(mlp.executor_status.lanes) == 3

@@ -200,6 +200,7 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
             d = info.dynamic_batching
             d.batches, d.requests, d.rows = s.batches, s.requests, s.rows
             d.expired, d.rejected, d.queue_depth = s.expired, s.rejected, mv.batcher.queue_depth
+            d.concurrent_batches = mv.batcher.settings.instances
     return info
 
 

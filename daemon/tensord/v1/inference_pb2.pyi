@@ -429,7 +429,7 @@ class ProcessingStep(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., device: _Optional[str] = ..., description: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class DynamicBatching(_message.Message):
-    __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds", "max_queue_size", "default_timeout_microseconds", "batches", "requests", "rows", "expired", "rejected", "queue_depth")
+    __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds", "max_queue_size", "default_timeout_microseconds", "batches", "requests", "rows", "expired", "rejected", "queue_depth", "concurrent_batches")
     PREFERRED_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_DELAY_MICROSECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -440,6 +440,7 @@ class DynamicBatching(_message.Message):
     EXPIRED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     preferred_batch_size: _containers.RepeatedScalarFieldContainer[int]
     max_queue_delay_microseconds: int
     max_queue_size: int
@@ -450,7 +451,8 @@ class DynamicBatching(_message.Message):
     expired: int
     rejected: int
     queue_depth: int
-    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., default_timeout_microseconds: _Optional[int] = ..., batches: _Optional[int] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., expired: _Optional[int] = ..., rejected: _Optional[int] = ..., queue_depth: _Optional[int] = ...) -> None: ...
+    concurrent_batches: int
+    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., default_timeout_microseconds: _Optional[int] = ..., batches: _Optional[int] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., expired: _Optional[int] = ..., rejected: _Optional[int] = ..., queue_depth: _Optional[int] = ..., concurrent_batches: _Optional[int] = ...) -> None: ...
 
 class ExecutorStatus(_message.Message):
     __slots__ = ("kind", "reason", "lanes", "queue_depth", "running", "pools")
