@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from typing import Any
 import grpc
 import onnxruntime as ort
 import use_venv
+from cpustat import MachineCpu
 from generate_limit import greedy_with_past, make_session, sample_prompts
 from machine import machine_info
 from procs import ProcessGroup, exit_on_signals
@@ -80,6 +82,8 @@ class Round:
     tokens_per_s: float
     limit_tokens_per_s: float
     ratio: float
+    steal: float = 0.0
+    """Share of the machine's CPU time the hypervisor took during tensord's window."""
 
 
 @dataclass(slots=True)
@@ -250,6 +254,12 @@ def _render(points: list[StreamPoint], sequential: StreamPoint | None, gain: flo
             f"16 one at a time: {sequential.tokens_per_s:.0f} tok/s; 16 concurrent / one at a "
             f"time = {gain:.2f}x, median of the rounds ({verdict})"
         )
+    by_streams = {p.streams: p for p in points}
+    if 1 in by_streams and 16 in by_streams:
+        # What batching buys the plain loop itself: serving at equal efficiency at 1 and 16
+        # streams gives the same gain, so this is the gain's ceiling on this host.
+        loop_gain = by_streams[16].limit_tokens_per_s / by_streams[1].limit_tokens_per_s
+        lines.append(f"the plain loop itself: batch 16 / batch 1 = {loop_gain:.2f}x")
     return "\n".join(lines)
 
 
@@ -284,11 +294,20 @@ def main(argv: list[str] | None = None) -> int:
                 # the same tokens, so each round's ratio compares like with like on a host
                 # whose speed drifts.
                 limit = _limit_tokens_per_s(session, spec, prompts, args.new_tokens, per_stream)
+                before = MachineCpu.read()
                 window = asyncio.run(
                     _streams(server.target, prompts, per_stream, args.new_tokens, True)
                 )
+                stolen = MachineCpu.read().steal_s - before.steal_s
                 windows.append(window)
-                paired.append(Round(window.tokens_per_s, limit, window.tokens_per_s / limit))
+                paired.append(
+                    Round(
+                        window.tokens_per_s,
+                        limit,
+                        window.tokens_per_s / limit,
+                        stolen / (window.wall_s * (os.cpu_count() or 1)),
+                    )
+                )
                 if n == 16:
                     alone = asyncio.run(_streams(server.target, prompts, 1, args.new_tokens, False))
                     sequential_windows.append(alone)
@@ -302,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{n} streams: tensord / limit per round: "
                 + ", ".join(
                     f"{r.tokens_per_s:.0f} / {r.limit_tokens_per_s:.0f} = {r.ratio:.2f}"
+                    + (f" (steal {r.steal:.0%})" if r.steal >= 0.01 else "")
                     for r in paired
                 ),
                 flush=True,

@@ -110,6 +110,8 @@ class GenerationEngine:
         self._outbox: list[EngineCoreOutput] = []
         self._outbox_lock = threading.Lock()
         self._outbox_scheduled = False
+        self._held: list[EngineCoreOutput] = []
+        """Engine thread: the last step's outputs, handed over when the next pass starts."""
         self._stops: list[str] = []
         self._stopping: TensordError | None = None
         self._steps = 0
@@ -228,27 +230,42 @@ class GenerationEngine:
 
     # -- the engine thread -------------------------------------------------------------
 
+    def _release_held(self) -> None:
+        """Engine thread: hand the held outputs to the event loop. Called just before a
+        model pass starts, or before the engine waits: the loop's per-token work (text,
+        chunks, gRPC messages) then overlaps the pass, which runs without the GIL, instead
+        of competing with the step's own Python for it."""
+        if self._held:
+            held, self._held = self._held, []
+            self._hand_over(held)
+
     def _run_loop(self) -> None:
         while True:
             with self._wake:
+                if not self._has_work():
+                    self._release_held()
                 while not self._has_work():
                     self._wake.wait()
                 self._apply_aborts_and_stops()
                 if self._stopping is not None:
+                    self._release_held()  # tokens already made go out before the error
                     self._fail(list(self.scheduler.requests), self._stopping)
                     return
                 output = self.scheduler.schedule()
                 if output.preempted_req_ids:
                     self.runner.reset()
                 if output.expired_req_ids:
+                    self._release_held()
                     self._on_loop(self.output_processor.expire_requests, output.expired_req_ids)
                 if output.is_empty:
                     # Nothing fits now: wait for an abort, a new request or a deadline.
+                    self._release_held()
                     self._wake.wait(timeout=0.01)
                     continue
             try:
                 self._step(output)
             except Exception as exc:  # a failed step fails its requests, not the engine
+                self._release_held()
                 log.error("engine.step_failed", model=self.name, error=str(exc))
                 self.runner.reset()
                 error = (
@@ -280,14 +297,13 @@ class GenerationEngine:
             StepItem(s.request_id, s.token_ids, s.start_pos, s.block_ids, s.sample)
             for s in output.scheduled
         ]
-        logits = self.runner.execute(items)
+        logits = self.runner.execute(items, before_run=self._release_held)
         sampled, logprobs = self._sample(output, logits)
         with self._lock:
             self._steps += 1
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
-        if core_outputs:
-            self._hand_over(core_outputs)
+        self._held.extend(core_outputs)
 
     def _sample(
         self, output: SchedulerOutput, logits: Mapping[str, np.ndarray]

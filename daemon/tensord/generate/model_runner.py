@@ -76,9 +76,17 @@ class ModelRunner:
             name for i in range(num_layers) for name in (f"present.{i}.key", f"present.{i}.value")
         ]
         self._view: _DecodeView | None = None
+        self._before_run: Callable[[], None] | None = None
 
-    def execute(self, items: Sequence[StepItem]) -> dict[str, np.ndarray]:
-        """Run the step's items; the last-position logits [V] of each item that wants them."""
+    def execute(
+        self, items: Sequence[StepItem], before_run: Callable[[], None] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the step's items; the last-position logits [V] of each item that wants them.
+
+        `before_run` is called once, just before the first model pass starts (the engine
+        hands the previous step's tokens to the event loop there, so that the loop's work
+        overlaps the pass, which runs without the GIL)."""
+        self._before_run = before_run
         decodes = [i for i in items if len(i.token_ids) == 1 and i.start > 0]
         prefills = [i for i in items if not (len(i.token_ids) == 1 and i.start > 0)]
         logits: dict[str, np.ndarray] = {}
@@ -107,6 +115,9 @@ class ModelRunner:
         for i, (k, v) in enumerate(past):
             feeds[f"past_key_values.{i}.key"] = k
             feeds[f"past_key_values.{i}.value"] = v
+        if self._before_run is not None:
+            before, self._before_run = self._before_run, None
+            before()
         out = self._run_model(feeds, ["logits", *self._present_names])
         present = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(self._layers)]
         return out[0], present
