@@ -359,8 +359,8 @@ def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:
     if executor.kind == "cpu" and "instance_count" not in config.model_fields_set:
         # On the host, one batch at a time unless model.toml says otherwise: the batcher
         # fills it with everything queued meanwhile, and a second batch running beside it
-        # only splits the queue into smaller runs that cost more per request (measured on
-        # 2 cores at 64 in flight: 1,126 req/s with two, 2,308 with one).
+        # only splits the queue into smaller runs that cost more per request (interleaved
+        # runs on 2 cores at 64 in flight: 1,066-1,287 req/s with two, 1,239-1,923 with one).
         instances = 1
     settings = BatchingSettings(
         max_batch_size=config.max_batch_size,
