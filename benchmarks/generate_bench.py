@@ -284,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             prompts = sample_prompts(spec, n, args.prompt_len, seed=n)
             windows: list[Window] = []
             paired: list[Round] = []
+            per_stream = requests or max(3, -(-_WINDOW_TOKENS // (n * args.new_tokens)))
             # One untimed round of each first: ONNX Runtime's arenas grow on the first
             # passes at a new batch size and length, on both sides.
-            per_stream = requests or max(3, -(-_WINDOW_TOKENS // (n * args.new_tokens)))
             greedy_with_past(session, spec, prompts, args.new_tokens)
             asyncio.run(_streams(server.target, prompts, 1, args.new_tokens, True))
             for _ in range(rounds):
