@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tensord.backends.providers import (
@@ -97,3 +99,22 @@ def test_this_host_gets_the_executor_its_devices_allow() -> None:
 
     report = probe_gpus()
     assert bool(report.gpus) != bool(report.unavailable_reason)
+
+
+def test_provider_options_carry_the_lane_stream_and_tensorrt_flags(tmp_path: Path) -> None:
+    from tensord.backends.base import DeviceOptions
+    from tensord.backends.onnxruntime import provider_options
+    from tensord.registry.model_config import ModelConfig, TensorRTConfig
+
+    config = ModelConfig(tensorrt=TensorRTConfig(fp16=True, timing_cache=False))
+    where = DeviceOptions(device_id=1, cuda_stream=0x7F00DEAD, cache_directory=tmp_path)
+    options = dict(provider_options([TRT, CUDA, CPU], config, where))
+    stream = {"device_id": "1", "has_user_compute_stream": "1", "user_compute_stream": "2130763437"}
+    assert options[CUDA] == stream
+    # ONNX Runtime's Python binding takes the TensorRT provider's flags as True/False only.
+    assert options[TRT] == stream | {
+        "trt_fp16_enable": "True",
+        "trt_engine_cache_enable": "True",
+        "trt_engine_cache_path": str(tmp_path / "tensorrt"),
+    }
+    assert options[CPU] == {}

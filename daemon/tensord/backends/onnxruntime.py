@@ -89,13 +89,15 @@ def provider_options(
                 options["has_user_compute_stream"] = "1"
                 options["user_compute_stream"] = str(where.cuda_stream)
         if name == "TensorrtExecutionProvider":
+            # The Python binding parses the TensorRT provider's flags itself and takes only
+            # "True"/"true"/"False"/"false" for them ("1" fails the session's creation).
             trt = config.tensorrt
             cache = str(where.cache_directory / "tensorrt")
-            options["trt_fp16_enable"] = "1" if trt.fp16 else "0"
+            options["trt_fp16_enable"] = "True" if trt.fp16 else "False"
             if trt.engine_cache:
-                options.update(trt_engine_cache_enable="1", trt_engine_cache_path=cache)
+                options.update(trt_engine_cache_enable="True", trt_engine_cache_path=cache)
             if trt.timing_cache:
-                options.update(trt_timing_cache_enable="1", trt_timing_cache_path=cache)
+                options.update(trt_timing_cache_enable="True", trt_timing_cache_path=cache)
         result.append((name, options))
     return result
 

@@ -115,7 +115,9 @@ class TensorRTBackend:
         gpus = probe_gpus().gpus
         gpu = gpus[where.device_id].name if where.device_id < len(gpus) else "unknown GPU"
         engine_bytes = self._engine(path, config, where.cache_directory / "tensorrt", gpu)
-        self._engine_obj = trt.Runtime(self._logger).deserialize_cuda_engine(engine_bytes)
+        # The runtime must outlive the engines it deserializes: keep it with the engine.
+        self._runtime = trt.Runtime(self._logger)
+        self._engine_obj = self._runtime.deserialize_cuda_engine(engine_bytes)
         if self._engine_obj is None:
             raise ModelLoadError(f"TensorRT could not deserialize the engine for {path}")
         self._context = self._engine_obj.create_execution_context()
@@ -154,9 +156,15 @@ class TensorRTBackend:
         if options.fp16:
             build.set_flag(trt.BuilderFlag.FP16)
         calibration = check_int8(config, model_dir)
+        calibrator = None
         if calibration is not None:
+            if network.num_inputs != 1:
+                raise ModelLoadError(
+                    f"tensorrt.calibration_file feeds one input; the model has {network.num_inputs}"
+                )
             build.set_flag(trt.BuilderFlag.INT8)
-            build.int8_calibrator = _calibrator(trt, np.load(calibration), options.opt_batch)
+            calibrator = _calibrator(trt, np.load(calibration), options.opt_batch)
+            build.int8_calibrator = calibrator
         profile = builder.create_optimization_profile()
         for i in range(network.num_inputs):
             tensor = network.get_input(i)
@@ -175,7 +183,11 @@ class TensorRTBackend:
         build.add_optimization_profile(profile)
         cache = build.create_timing_cache(timing.read_bytes() if timing.is_file() else b"")
         build.set_timing_cache(cache, ignore_mismatch=False)
-        serialized = builder.build_serialized_network(network, build)
+        try:
+            serialized = builder.build_serialized_network(network, build)
+        finally:
+            if calibrator is not None:
+                calibrator.free()
         if serialized is None:
             raise ModelLoadError("TensorRT failed to build an engine (see its log above)")
         timing.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +220,11 @@ class TensorRTBackend:
         context = self._context
         with self._lock:  # one context: one enqueue at a time (each lane has its own backend)
             for name, tensor in inputs.items():
-                context.set_input_shape(name, tensor.shape)
+                if not context.set_input_shape(name, tensor.shape):
+                    raise InternalError(
+                        f"TensorRT refused shape {tensor.shape} for {name!r}: outside the "
+                        "engine's optimisation profile (tensorrt.min_batch/max_batch)"
+                    )
                 context.set_tensor_address(name, tensor.ptr)
             outputs = []
             specs = {s.name: s for s in self.outputs}
@@ -229,6 +245,7 @@ class TensorRTBackend:
         """Drop the context and engine; free the output buffers."""
         self._context = None
         self._engine_obj = None
+        self._runtime = None
         self._outputs_pool.clear()
 
 
@@ -266,5 +283,11 @@ def _calibrator(trt: Any, samples: np.ndarray, batch: int) -> Any:
 
         def write_calibration_cache(self, cache: bytes) -> None:
             return None
+
+        def free(self) -> None:
+            """Free the batch buffer once the build has finished calibrating."""
+            if self.device is not None:
+                check(cudart.cudaFree(self.device), "cudaFree")
+                self.device = None
 
     return Calibrator()
