@@ -134,21 +134,21 @@ class TensorRTBackend:
         cached = cache / "engines" / f"{key}.engine"
         if cached.is_file():
             return cached.read_bytes()
-        engine = self._build(model_bytes, config, path.parent, cache / "timing.cache")
+        engine = self._build(model_bytes, config, path, cache / "timing.cache")
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         tmp.write_bytes(engine)
         tmp.replace(cached)  # atomic: a concurrent loader sees all of it or none
         return engine
 
-    def _build(
-        self, model_bytes: bytes, config: ModelConfig, model_dir: Path, timing: Path
-    ) -> bytes:
+    def _build(self, model_bytes: bytes, config: ModelConfig, path: Path, timing: Path) -> bytes:
         trt = self._trt
+        model_dir = path.parent
         builder = trt.Builder(self._logger)
         network = builder.create_network(0)
         parser = trt.OnnxParser(network, self._logger)
-        if not parser.parse(model_bytes):
+        # The path lets the parser find weights stored outside the .onnx file.
+        if not parser.parse(model_bytes, str(path)):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             raise ModelLoadError(f"TensorRT cannot parse the ONNX model: {errors}")
         build = builder.create_builder_config()
