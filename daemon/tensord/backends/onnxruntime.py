@@ -86,8 +86,11 @@ def provider_options(
         if name in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
             options["device_id"] = str(where.device_id)
             if where.cuda_stream is not None:
-                options["has_user_compute_stream"] = "1"
                 options["user_compute_stream"] = str(where.cuda_stream)
+                if name == "CUDAExecutionProvider":
+                    # The CUDA provider's own flag; the TensorRT provider's Python options
+                    # parser knows only user_compute_stream, which implies it.
+                    options["has_user_compute_stream"] = "1"
         if name == "TensorrtExecutionProvider":
             # The Python binding parses the TensorRT provider's flags itself and takes only
             # "True"/"true"/"False"/"false" for them ("1" fails the session's creation).
