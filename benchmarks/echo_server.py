@@ -1,9 +1,10 @@
 """The transport limit: a bare grpc.aio server that answers Predict with fixed bytes.
 
 It registers /tensord.v1.InferenceService/Predict exactly as the generated code does for
-the daemon (generic plus registered method handlers, same server options), but with no
-(de)serialisers and no work: request bytes in, a PredictResponse-sized reply out. The
-rate a load generator gets from it is what grpcio alone allows on this host.
+the daemon (generic plus registered method handlers, same server options, and the same
+event loop: uvloop where installed, as the daemon's default `event_loop = "auto"` picks),
+but with no (de)serialisers and no work: request bytes in, a PredictResponse-sized reply
+out. The rate a load generator gets from it is what grpcio alone allows on this host.
 
 Run as a subprocess: `python echo_server.py --listen 127.0.0.1:0`; it prints
 `LISTENING <port>` on stdout once it accepts calls, and exits on SIGTERM or SIGINT.
@@ -19,6 +20,8 @@ from typing import Any
 
 import grpc
 from payloads import METHOD, SERVICE, response_bytes
+
+from tensord.eventloop import loop_factory
 
 # The daemon's defaults (tensord.config.ServerSettings): keep the two servers alike.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -57,8 +60,15 @@ def main() -> int:
     """Parse --listen and serve."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT; port 0 picks one")
+    parser.add_argument(
+        "--event-loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default="auto",
+        help="as the daemon's [server] event_loop (auto: uvloop where installed)",
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.listen))
+    with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
+        runner.run(serve(args.listen))
     return 0
 
 

@@ -38,6 +38,8 @@ from typing import Any
 import grpc
 from payloads import PREDICT_PATH, request_bytes
 
+from tensord.eventloop import loop_factory
+
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -249,7 +251,12 @@ def main() -> int:
         help="per-call deadline, s (the client's default); 0: none",
     )
     args = parser.parse_args()
-    report = asyncio.run(run_aio(args)) if args.client == "aio" else run_sync(args)
+    if args.client == "aio":
+        # The daemon's default loop (uvloop where installed): the cheapest client per call.
+        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
+            report = runner.run(run_aio(args))
+    else:
+        report = run_sync(args)
     if report:
         print(json.dumps(report), flush=True)
     return 0

@@ -46,6 +46,9 @@ class ServerSettings(BaseModel):
     """`json` lines, `console` key=value, or `auto`: console on a terminal, else JSON."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged. Per-request access lines are logged at debug."""
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    """The asyncio event loop: `uvloop` (faster per call), `asyncio` (the standard
+    library's), or `auto`: uvloop when installed, else the standard loop."""
     switch_interval_us: int = Field(default=200, ge=50, le=100_000)
     """How often Python offers the GIL to another thread (sys.setswitchinterval). The event
     loop and the model lanes take turns on it; Python's 5000 us default makes completions

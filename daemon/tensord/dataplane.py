@@ -22,6 +22,7 @@ from tensord.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from tensord.eventloop import running_loop_name
 from tensord.executor.split import run_splitting_on_oom
 from tensord.generate.model_dir import GeneratorDirectory
 from tensord.generate.outputs import RequestOutput
@@ -212,6 +213,7 @@ class DataPlane:
             "grpcio": grpc.__version__,
             "protobuf": protobuf_version,
             "numpy": np.__version__,
+            "event_loop": running_loop_name(),
         }
         return ServerInfo(
             __version__,

@@ -37,6 +37,11 @@ def test_startup_logs_one_line_per_model(daemon: Daemon) -> None:
         assert {"version", "backend", "provider", "executor", "load_ms"} <= set(entry)
     ready = next(e for e in events if e["event"] == "server.ready")
     assert ready["ready"] == 4 and ready["failed"] == 0
+    # uvloop is a dependency on Linux: the daemon runs on it by default (event_loop "auto").
+    import uvloop
+
+    listening = next(e for e in events if e["event"] == "server.listening")
+    assert listening["event_loop"] == f"uvloop {uvloop.__version__}"
 
 
 def test_client_and_cli(daemon: Daemon, demo_repo: Path, tmp_path: Path) -> None:
@@ -52,6 +57,7 @@ def test_client_and_cli(daemon: Daemon, demo_repo: Path, tmp_path: Path) -> None
 
     info = json.loads(tensorctl(daemon, "--json", "info").stdout)
     assert sorted(m["name"] for m in info["models"]) == ["classifier", "cnn", "mlp", "tinylm"]
+    assert info["runtime"]["event_loop"].startswith("uvloop ")
 
     np.save(tmp_path / "x.npy", x)
     written = tensorctl(

@@ -67,6 +67,7 @@ def test_info(client: Client) -> None:
     assert reply.server_version == "0.1.0"
     assert reply.runtime.onnxruntime == onnxruntime.__version__
     assert reply.runtime.grpcio == grpc.__version__
+    assert reply.runtime.event_loop == "asyncio"  # the test server runs on its own asyncio loop
     assert reply.cpu.logical_cores >= 1 and reply.cpu.architecture
     assert "CPUExecutionProvider" in reply.available_providers
     if not reply.gpus:

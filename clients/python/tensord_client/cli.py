@@ -69,6 +69,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> int:
     print(
         f"tensord {reply.server_version}  python {r.python}  "
         f"onnxruntime {r.onnxruntime}  grpcio {r.grpcio}"
+        + (f"  event loop {r.event_loop}" if r.event_loop else "")
     )
     print(f"cpu: {reply.cpu.model} ({reply.cpu.architecture}, {reply.cpu.logical_cores} cores)")
     for gpu in reply.gpus:

@@ -19,6 +19,7 @@ from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.devices import probe_gpus
 from tensord.errors import DeviceLostError, NotFoundError, UnavailableError
+from tensord.eventloop import running_loop_name
 from tensord.observability import Observability
 from tensord.registry.registry import (
     BackendFactory,
@@ -120,6 +121,7 @@ class TensordServer:
             version=__version__,
             transport=self.security.mode,
             auth=self.security.authenticator is not None,
+            event_loop=running_loop_name(),
         )
         self.notifier.status(f"loading models; listening on port {self.port}")
         gpus = await asyncio.to_thread(probe_gpus)

@@ -40,6 +40,7 @@ RESTART_ONLY_KEYS = (
     "server.log_format",
     "server.log_level",
     "server.cuda_device",
+    "server.event_loop",
     "cache_directory",
 )
 

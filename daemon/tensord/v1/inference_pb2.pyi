@@ -279,18 +279,20 @@ class InfoResponse(_message.Message):
     def __init__(self, server_version: _Optional[str] = ..., runtime: _Optional[_Union[RuntimeVersions, _Mapping]] = ..., cpu: _Optional[_Union[CpuInfo, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpu_unavailable_reason: _Optional[str] = ..., available_providers: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., cuda_driver_version: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., tensorrt: _Optional[str] = ...) -> None: ...
 
 class RuntimeVersions(_message.Message):
-    __slots__ = ("python", "onnxruntime", "grpcio", "protobuf", "numpy")
+    __slots__ = ("python", "onnxruntime", "grpcio", "protobuf", "numpy", "event_loop")
     PYTHON_FIELD_NUMBER: _ClassVar[int]
     ONNXRUNTIME_FIELD_NUMBER: _ClassVar[int]
     GRPCIO_FIELD_NUMBER: _ClassVar[int]
     PROTOBUF_FIELD_NUMBER: _ClassVar[int]
     NUMPY_FIELD_NUMBER: _ClassVar[int]
+    EVENT_LOOP_FIELD_NUMBER: _ClassVar[int]
     python: str
     onnxruntime: str
     grpcio: str
     protobuf: str
     numpy: str
-    def __init__(self, python: _Optional[str] = ..., onnxruntime: _Optional[str] = ..., grpcio: _Optional[str] = ..., protobuf: _Optional[str] = ..., numpy: _Optional[str] = ...) -> None: ...
+    event_loop: str
+    def __init__(self, python: _Optional[str] = ..., onnxruntime: _Optional[str] = ..., grpcio: _Optional[str] = ..., protobuf: _Optional[str] = ..., numpy: _Optional[str] = ..., event_loop: _Optional[str] = ...) -> None: ...
 
 class CpuInfo(_message.Message):
     __slots__ = ("model", "architecture", "logical_cores")
