@@ -55,6 +55,10 @@ def test_client_and_cli(daemon: Daemon, demo_repo: Path, tmp_path: Path) -> None
     assert health.stdout.splitlines()[0] == "server: SERVING"
     assert ["mlp", "1", "READY"] in [line.split() for line in health.stdout.splitlines()]
 
+    table = {line.split()[0]: line for line in tensorctl(daemon, "info").stdout.splitlines()}
+    assert table["mlp"].split()[3] == "predict" and "input:float32[-1, 512]" in table["mlp"]
+    assert table["tinylm"].split()[3] == "generator" and "token stream" in table["tinylm"]
+
     info = json.loads(tensorctl(daemon, "--json", "info").stdout)
     assert sorted(m["name"] for m in info["models"]) == ["classifier", "cnn", "mlp", "tinylm"]
     assert info["runtime"]["event_loop"].startswith("uvloop ")

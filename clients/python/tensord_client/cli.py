@@ -85,15 +85,32 @@ def cmd_info(client: Client, args: argparse.Namespace) -> int:
             m.name,
             str(m.version),
             pb.ModelState.Name(m.state).removeprefix("MODEL_STATE_"),
+            m.kind or "predict",
             m.provider,
             str(m.max_batch_size),
-            _spec(m.inputs),
-            _spec(m.outputs),
+            *(_generator_io(m) if m.HasField("generator") else (_spec(m.inputs), _spec(m.outputs))),
         ]
         for m in reply.models
     ]
-    print(_table(rows, ["MODEL", "VERSION", "STATE", "PROVIDER", "MAX_BATCH", "INPUTS", "OUTPUTS"]))
+    print(
+        _table(
+            rows,
+            ["MODEL", "VERSION", "STATE", "KIND", "PROVIDER", "MAX_BATCH", "INPUTS", "OUTPUTS"],
+        )
+    )
     return 0
+
+
+def _generator_io(m: pb.ModelInfo) -> tuple[str, str]:
+    """A generator's columns: what Generate takes and streams, not its KV tensors (--json
+    lists those)."""
+    g = m.generator
+    kv = g.kv_cache
+    return (
+        f"prompt (text or token ids), up to {g.max_model_len} tokens",
+        f"token stream; {g.running} running, {g.waiting} waiting, KV blocks "
+        f"{kv.used_blocks}/{kv.total_blocks}",
+    )
 
 
 def _input_dtypes(client: Client, model: str, version: int) -> dict[str, DType]:
