@@ -30,7 +30,7 @@ from tensord.errors import InternalError, TensordError, UnavailableError
 from tensord.generate.kv_cache_manager import KVCacheManager, KVCacheStats
 from tensord.generate.kv_storage import KVShape, KVStorage
 from tensord.generate.model_dir import GeneratorDirectory, GeneratorSpec
-from tensord.generate.model_runner import ModelRunner, StepItem
+from tensord.generate.model_runner import ModelRunner, StepItem, StepLogits
 from tensord.generate.output_processor import OutputProcessor, RequestOutputCollector
 from tensord.generate.outputs import EngineCoreOutput, RequestOutput, TokenLogprob
 from tensord.generate.request import Request, RequestStatus
@@ -306,16 +306,18 @@ class GenerationEngine:
         self._held.extend(core_outputs)
 
     def _sample(
-        self, output: SchedulerOutput, logits: Mapping[str, np.ndarray]
+        self, output: SchedulerOutput, logits: StepLogits
     ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
-        requests = [s.request for s in output.scheduled if s.sample]
-        if not requests:
+        """One token per row of the step's logits, for the request the row belongs to."""
+        if not logits.request_ids:
             return {}, {}
-        result = self.sampler.sample(np.stack([logits[r.request_id] for r in requests]), requests)
-        sampled = {r.request_id: int(t) for r, t in zip(requests, result.token_ids, strict=True)}
+        by_id = {s.request_id: s.request for s in output.scheduled if s.sample}
+        requests = [by_id[request_id] for request_id in logits.request_ids]
+        result = self.sampler.sample(logits.rows, requests)
+        sampled = dict(zip(logits.request_ids, result.token_ids.tolist(), strict=True))
         logprobs = {
-            r.request_id: lp
-            for r, lp in zip(requests, result.logprobs, strict=True)
+            request_id: lp
+            for request_id, lp in zip(logits.request_ids, result.logprobs, strict=True)
             if lp is not None
         }
         return sampled, logprobs

@@ -11,7 +11,7 @@ attention_mask 0, and position_ids are each sequence's real positions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +37,31 @@ class StepItem:
     """Its blocks, covering start + len(token_ids) positions."""
     wants_logits: bool = True
     """False for a prefill chunk that does not reach the end of the prompt."""
+
+
+class StepLogits(Mapping[str, np.ndarray]):
+    """A step's next-token logits: row i of `rows` [N, V] belongs to `request_ids[i]`.
+
+    The rows stay one array (the sampler takes them as they are); looking a request up by
+    id gives its row."""
+
+    __slots__ = ("_index", "request_ids", "rows")
+
+    def __init__(self, request_ids: list[str], rows: np.ndarray) -> None:
+        self.request_ids = request_ids
+        self.rows = rows
+        self._index: dict[str, int] | None = None
+
+    def __getitem__(self, request_id: str) -> np.ndarray:
+        if self._index is None:
+            self._index = {rid: i for i, rid in enumerate(self.request_ids)}
+        return self.rows[self._index[request_id]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.request_ids)
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
 
 
 @dataclass(slots=True)
@@ -80,7 +105,7 @@ class ModelRunner:
 
     def execute(
         self, items: Sequence[StepItem], before_run: Callable[[], None] | None = None
-    ) -> dict[str, np.ndarray]:
+    ) -> StepLogits:
         """Run the step's items; the last-position logits [V] of each item that wants them.
 
         `before_run` is called once, just before the first model pass starts (the engine
@@ -89,14 +114,18 @@ class ModelRunner:
         self._before_run = before_run
         decodes = [i for i in items if len(i.token_ids) == 1 and i.start > 0]
         prefills = [i for i in items if not (len(i.token_ids) == 1 and i.start > 0)]
-        logits: dict[str, np.ndarray] = {}
+        parts = []
         if prefills:
-            logits.update(self._prefill(prefills))
+            parts.append(self._prefill(prefills))
         if decodes:
-            logits.update(self._decode(decodes))
+            parts.append(self._decode(decodes))
         else:
             self._view = None
-        return logits
+        if len(parts) == 1:
+            return parts[0]
+        ids = [i for part in parts for i in part.request_ids]
+        rows = [part.rows for part in parts if len(part.request_ids)]
+        return StepLogits(ids, np.concatenate(rows) if rows else np.zeros((0, 0), np.float32))
 
     def reset(self) -> None:
         """Forget the decode view (after preemption, aborts or errors)."""
@@ -122,7 +151,7 @@ class ModelRunner:
         present = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(self._layers)]
         return out[0], present
 
-    def _prefill(self, items: Sequence[StepItem]) -> dict[str, np.ndarray]:
+    def _prefill(self, items: Sequence[StepItem]) -> StepLogits:
         b = len(items)
         width = max(i.start for i in items)
         t_max = max(len(i.token_ids) for i in items)
@@ -140,13 +169,11 @@ class ModelRunner:
         logits, present = self._run(ids, mask, positions, past)
         counts = [len(i.token_ids) for i in items]
         self._storage.scatter(tables, [i.start for i in items], counts, present, width)
-        return {
-            item.request_id: logits[row, counts[row] - 1]
-            for row, item in enumerate(items)
-            if item.wants_logits
-        }
+        wanted = [row for row, item in enumerate(items) if item.wants_logits]
+        last = np.array([counts[row] - 1 for row in wanted], np.int64)
+        return StepLogits([items[row].request_id for row in wanted], logits[wanted, last])
 
-    def _decode(self, items: Sequence[StepItem]) -> dict[str, np.ndarray]:
+    def _decode(self, items: Sequence[StepItem]) -> StepLogits:
         view = self._view
         ids_now = [i.request_id for i in items]
         lengths = [i.start for i in items]
@@ -165,7 +192,7 @@ class ModelRunner:
         tables = [i.block_table for i in items]
         self._storage.scatter(tables, lengths, [1] * b, present, view.width)
         self._view = _DecodeView(ids_now, [n + 1 for n in lengths], mask, present)
-        return {item.request_id: logits[row, 0] for row, item in enumerate(items)}
+        return StepLogits(ids_now, logits[:, 0])
 
     def _rebuild(self, items: Sequence[StepItem]) -> _DecodeView:
         lengths = [i.start for i in items]
