@@ -46,6 +46,13 @@ def test_profile_must_be_ordered() -> None:
         TensorRTConfig(opt_batch=16, max_batch=8)
 
 
+def test_max_batch_size_must_fit_the_profile() -> None:
+    with pytest.raises(ValueError, match=r"max_batch_size 128 exceeds tensorrt\.max_batch 64"):
+        ModelConfig(backend="tensorrt", max_batch_size=128)
+    ModelConfig(backend="tensorrt", max_batch_size=128, tensorrt=TensorRTConfig(max_batch=128))
+    ModelConfig(max_batch_size=128)  # the profile is the native TensorRT backend's only
+
+
 async def test_a_host_without_tensorrt_fails_that_model_only(
     tmp_path: Path, demo_repo: Path
 ) -> None:

@@ -143,7 +143,8 @@ class TensorRTBackend:
 
     def _build(self, model_bytes: bytes, config: ModelConfig, path: Path, timing: Path) -> bytes:
         trt = self._trt
-        model_dir = path.parent
+        # path is <model>/<version>/model.onnx; the calibration file sits beside model.toml.
+        model_dir = path.parent.parent
         builder = trt.Builder(self._logger)
         network = builder.create_network(0)
         parser = trt.OnnxParser(network, self._logger)

@@ -185,6 +185,16 @@ class ModelConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_tensorrt_profile(self) -> ModelConfig:
+        if self.backend == "tensorrt" and self.max_batch_size > self.tensorrt.max_batch:
+            raise ValueError(
+                f"max_batch_size {self.max_batch_size} exceeds tensorrt.max_batch "
+                f"{self.tensorrt.max_batch}: the engine's optimisation profile would refuse "
+                "such batches; raise tensorrt.max_batch or lower max_batch_size"
+            )
+        return self
+
     @field_validator("versions")
     @classmethod
     def _check_versions(cls, value: list[int]) -> list[int]:
