@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tensord.errors import InvalidArgumentError
 
@@ -28,11 +27,12 @@ _T = TypeVar("_T")
 
 @dataclass(slots=True, frozen=True)
 class GenerationDefaults:
-    """A model's decoding defaults, as its generation_config.json gives them.
+    """A model's decoding defaults for requests: its generation_config.json as
+    hf_config.read_generation_defaults reads it, turned into these by
+    engine.sampling_defaults (greedy unless the file sets do_sample).
 
     Keys the file leaves out take the values below (as vLLM does): temperature 1,
     no top-k or top-p limit, no repetition penalty, generation up to the context.
-    `do_sample` is not read: a request asks for greedy decoding with temperature 0.
     """
 
     temperature: float = 1.0
@@ -43,28 +43,6 @@ class GenerationDefaults:
     max_length: int | None = None
     """Prompt plus completion, when the file limits that instead of max_new_tokens."""
     eos_token_ids: tuple[int, ...] = ()
-
-    @classmethod
-    def from_generation_config(cls, config: Mapping[str, Any]) -> GenerationDefaults:
-        """Read a parsed generation_config.json; unknown keys and nulls are ignored."""
-
-        def get(key: str, default: Any) -> Any:
-            value = config.get(key)
-            return default if value is None else value
-
-        eos = get("eos_token_id", ())
-        eos_ids = (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
-        max_new = get("max_new_tokens", 0)
-        max_length = get("max_length", 0)
-        return cls(
-            temperature=float(get("temperature", 1.0)),
-            top_k=int(get("top_k", 0)),
-            top_p=float(get("top_p", 1.0)),
-            repetition_penalty=float(get("repetition_penalty", 1.0)),
-            max_new_tokens=int(max_new) if max_new else None,
-            max_length=int(max_length) if max_length else None,
-            eos_token_ids=eos_ids,
-        )
 
 
 @dataclass(slots=True, frozen=True)

@@ -6,12 +6,12 @@ import grpc
 import pytest
 
 from tensord.errors import InvalidArgumentError
+from tensord.generate.hf_config import GenerationDefaults as HfGenerationDefaults
+from tensord.generate.hf_config import JsonFile, read_generation_defaults
 from tensord.generate.request import Request, RequestStatus
 from tensord.generate.sampling_params import GenerationDefaults, SamplingParams
 
-DEFAULTS = GenerationDefaults.from_generation_config(
-    {"eos_token_id": [2, 7], "temperature": 0.7, "top_p": 0.9, "do_sample": True}
-)
+DEFAULTS = GenerationDefaults(temperature=0.7, top_p=0.9, eos_token_ids=(2, 7))
 
 
 def resolve(params: SamplingParams, prompt_len: int = 10, **kw: int) -> object:
@@ -33,10 +33,12 @@ def test_generation_config_fills_what_the_request_leaves_out() -> None:
 
 
 def test_defaults_for_an_empty_generation_config() -> None:
-    defaults = GenerationDefaults.from_generation_config({"eos_token_id": 50256})
-    assert defaults == GenerationDefaults(eos_token_ids=(50256,))
+    # The daemon reads generation_config.json with hf_config.read_generation_defaults.
+    empty = read_generation_defaults(JsonFile(None, {"eos_token_id": 50256}))
+    assert empty == HfGenerationDefaults()
     nulls = {"temperature": None, "top_k": None, "max_new_tokens": None, "eos_token_id": None}
-    assert GenerationDefaults.from_generation_config(nulls) == GenerationDefaults()
+    assert read_generation_defaults(JsonFile(None, nulls)) == HfGenerationDefaults()
+    defaults = GenerationDefaults(eos_token_ids=(50256,))
     resolved = SamplingParams().resolve(defaults, prompt_len=3, max_model_len=16)
     assert (resolved.temperature, resolved.top_k, resolved.top_p) == (1.0, 0, 1.0)
 
