@@ -198,6 +198,12 @@ class GenerationEngine:
         self._thread.join(timeout=30)
 
     def _on_loop(self, fn: Callable[..., None], *args: object) -> None:
+        """Engine thread: run fn(*args) on the event loop after the outputs held so far, so
+        a stream's tokens always reach the loop before its end (an expiry, an error)."""
+        self._release_held()
+        self._post(fn, *args)
+
+    def _post(self, fn: Callable[..., None], *args: object) -> None:
         """Engine thread: run fn(*args) on the event loop (dropped when it has closed)."""
         loop = self._loop
         if loop is None:
@@ -215,7 +221,7 @@ class GenerationEngine:
             if self._outbox_scheduled:
                 return
             self._outbox_scheduled = True
-        self._on_loop(self._deliver)
+        self._post(self._deliver)
 
     def _deliver(self) -> None:
         """Event loop: chunks into slots; stop strings finish their requests next step."""
@@ -232,9 +238,9 @@ class GenerationEngine:
 
     def _release_held(self) -> None:
         """Engine thread: hand the held outputs to the event loop. Called just before a
-        model pass starts, or before the engine waits: the loop's per-token work (text,
-        chunks, gRPC messages) then overlaps the pass, which runs without the GIL, instead
-        of competing with the step's own Python for it."""
+        model pass starts, before the engine waits, and before anything else is posted to
+        the loop: the loop's per-token work (text, chunks, gRPC messages) then overlaps the
+        pass, which runs without the GIL, instead of competing with the step's own Python."""
         if self._held:
             held, self._held = self._held, []
             self._hand_over(held)
@@ -248,14 +254,12 @@ class GenerationEngine:
                     self._wake.wait()
                 self._apply_aborts_and_stops()
                 if self._stopping is not None:
-                    self._release_held()  # tokens already made go out before the error
                     self._fail(list(self.scheduler.requests), self._stopping)
                     return
                 output = self.scheduler.schedule()
                 if output.preempted_req_ids:
                     self.runner.reset()
                 if output.expired_req_ids:
-                    self._release_held()
                     self._on_loop(self.output_processor.expire_requests, output.expired_req_ids)
                 if output.is_empty:
                     # Nothing fits now: wait for an abort, a new request or a deadline.
@@ -265,7 +269,6 @@ class GenerationEngine:
             try:
                 self._step(output)
             except Exception as exc:  # a failed step fails its requests, not the engine
-                self._release_held()
                 log.error("engine.step_failed", model=self.name, error=str(exc))
                 self.runner.reset()
                 error = (

@@ -73,11 +73,7 @@ class ResolvedSamplingParams:
     def argmax_only(self) -> bool:
         """Greedy with no repetition penalty and no log probabilities: the next token is
         the logits' argmax and nothing else is computed."""
-        return (
-            self.temperature < SAMPLING_EPS
-            and self.repetition_penalty == 1.0
-            and (not self.logprobs)
-        )
+        return self.greedy and self.repetition_penalty == 1.0 and not self.logprobs
 
 
 @dataclass(slots=True, frozen=True)
