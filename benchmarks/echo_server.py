@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from payloads import METHOD, SERVICE, response_bytes
 
-from tensord.eventloop import loop_factory
+from tensord.eventloop import run
 
 # The daemon's defaults (tensord.config.ServerSettings): keep the two servers alike.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -67,8 +67,7 @@ def main() -> int:
         help="as the daemon's [server] event_loop (auto: uvloop where installed)",
     )
     args = parser.parse_args()
-    with asyncio.Runner(loop_factory=loop_factory(args.event_loop)) as runner:
-        runner.run(serve(args.listen))
+    run(serve(args.listen), args.event_loop)
     return 0
 
 

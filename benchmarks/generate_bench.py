@@ -30,11 +30,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import onnxruntime as ort
@@ -46,7 +45,7 @@ from procs import ProcessGroup, exit_on_signals
 from servers import start_tensord
 from stats import percentile
 
-from tensord.eventloop import loop_factory
+from tensord.eventloop import run
 from tensord.generate.model_dir import GeneratorSpec, read_generator_spec
 from tensord.registry.generator_config import GeneratorConfig
 from tensord.registry.repository import scan_repository
@@ -59,7 +58,6 @@ DEFAULT_REPOSITORY = REPO / "build" / "demo-models"
 MODEL = "tinylm"
 TARGETS = {1: 0.7, 16: 0.8}
 BATCHING_GAIN_TARGET = 5.0
-T = TypeVar("T")
 _WINDOW_TOKENS = 1024
 """Tokens a measured window generates at least (shorter ones drift with the host)."""
 
@@ -105,13 +103,6 @@ class StreamPoint:
     limit_tokens_per_s: float = 0.0
     ratio: float = 0.0
     rounds: list[Round] = field(default_factory=list)
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run the client on the daemon's default loop (uvloop where installed): the cheaper
-    the client per chunk, the less it takes from the daemon on a small host."""
-    with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
-        return runner.run(coro)
 
 
 def _limit_tokens_per_s(
@@ -289,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     session = make_session(spec, threads)
     with ProcessGroup() as procs, tempfile.TemporaryFile("w+") as log:
         server = start_tensord(procs, args.model_repository, log)
-        _run(_wait_ready(server.target))
+        # The clients run on the daemon's default loop (uvloop where installed): the cheaper
+        # the client per chunk, the less it takes from the daemon on a small host.
+        run(_wait_ready(server.target))
         for n in counts:
             prompts = sample_prompts(spec, n, args.prompt_len, seed=n)
             windows: list[Window] = []
@@ -298,14 +291,14 @@ def main(argv: list[str] | None = None) -> int:
             # One untimed round of each first: ONNX Runtime's arenas grow on the first
             # passes at a new batch size and length, on both sides.
             greedy_with_past(session, spec, prompts, args.new_tokens)
-            _run(_streams(server.target, prompts, 1, args.new_tokens, True))
+            run(_streams(server.target, prompts, 1, args.new_tokens, True))
             for _ in range(rounds):
                 # The limit and the daemon back to back (the daemon idle meanwhile), over
                 # the same tokens, so each round's ratio compares like with like on a host
                 # whose speed drifts.
                 limit = _limit_tokens_per_s(session, spec, prompts, args.new_tokens, per_stream)
                 before = MachineCpu.read()
-                window = _run(_streams(server.target, prompts, per_stream, args.new_tokens, True))
+                window = run(_streams(server.target, prompts, per_stream, args.new_tokens, True))
                 stolen = MachineCpu.read().steal_s - before.steal_s
                 windows.append(window)
                 paired.append(
@@ -317,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
                 if n == 16:
-                    alone = _run(_streams(server.target, prompts, 1, args.new_tokens, False))
+                    alone = run(_streams(server.target, prompts, 1, args.new_tokens, False))
                     sequential_windows.append(alone)
                     gains.append(window.tokens_per_s / alone.tokens_per_s)
             point = _summarise(n, per_stream, windows)

@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 from payloads import PREDICT_PATH, request_bytes
 
-from tensord.eventloop import loop_factory
+from tensord.eventloop import run
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -251,12 +251,8 @@ def main() -> int:
         help="per-call deadline, s (the client's default); 0: none",
     )
     args = parser.parse_args()
-    if args.client == "aio":
-        # The daemon's default loop (uvloop where installed): the cheapest client per call.
-        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:
-            report = runner.run(run_aio(args))
-    else:
-        report = run_sync(args)
+    # aio runs on the daemon's default loop (uvloop where installed): the cheapest per call.
+    report = run(run_aio(args)) if args.client == "aio" else run_sync(args)
     if report:
         print(json.dumps(report), flush=True)
     return 0

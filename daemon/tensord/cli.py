@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -41,7 +40,7 @@ def _config_from(args: argparse.Namespace) -> Any:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
-    from tensord.eventloop import loop_factory
+    from tensord.eventloop import run
     from tensord.logs import configure_logging
     from tensord.server.app import TensordServer
 
@@ -49,9 +48,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(config.server.log_format, config.server.log_level)
     sys.setswitchinterval(config.server.switch_interval_us / 1e6)
     try:
-        factory = loop_factory(config.server.event_loop)
-        with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(_serve(TensordServer, config, lambda: _config_from(args)))
+        main = _serve(TensordServer, config, lambda: _config_from(args))
+        return run(main, config.server.event_loop)
     except (OSError, ModelLoadError, RuntimeError) as exc:
         print(f"tensord: {exc}", file=sys.stderr)
         return 1

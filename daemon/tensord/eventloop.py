@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal, TypeVar
 
 EventLoopChoice = Literal["auto", "asyncio", "uvloop"]
+T = TypeVar("T")
 
 
 def uvloop_available() -> bool:
@@ -37,6 +38,12 @@ def loop_factory(choice: EventLoopChoice) -> Callable[[], asyncio.AbstractEventL
         ) from None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
+
+
+def run(main: Coroutine[Any, Any, T], choice: EventLoopChoice = "auto") -> T:
+    """asyncio.run(main) on the chosen loop."""
+    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+        return runner.run(main)
 
 
 def running_loop_name() -> str:
