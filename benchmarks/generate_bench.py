@@ -114,8 +114,8 @@ def _limit_tokens_per_s(
 ) -> float:
     """The plain loop's tokens/s over `batches` batches back to back (wall clock), the
     same tokens a round's served window generates."""
-    runs = [greedy_with_past(session, spec, prompts, new_tokens) for _ in range(batches)]
-    return len(prompts) * new_tokens * batches / sum(run.total_s for run in runs)
+    loops = [greedy_with_past(session, spec, prompts, new_tokens) for _ in range(batches)]
+    return len(prompts) * new_tokens * batches / sum(loop.total_s for loop in loops)
 
 
 async def _wait_ready(target: str, timeout_s: float = 120.0) -> None:
