@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import threading
 import time
@@ -254,8 +255,21 @@ def main() -> int:
     # aio runs on the daemon's default loop (uvloop where installed): the cheapest per call.
     report = run(run_aio(args)) if args.client == "aio" else run_sync(args)
     if report:
-        print(json.dumps(report), flush=True)
+        write_line(json.dumps(report))
     return 0
+
+
+def write_line(text: str) -> None:
+    """Write one line to stdout whole, however long.
+
+    A write to a full pipe can return early when a signal arrives (grpc's threads send
+    some), and print() then loses the rest of a line longer than the pipe's 64 KiB; the
+    report at thousands of calls/s is longer. os.write in a loop writes what is left.
+    """
+    sys.stdout.flush()
+    view = memoryview((text + "\n").encode())
+    while view:
+        view = view[os.write(sys.stdout.fileno(), view) :]
 
 
 if __name__ == "__main__":
