@@ -332,3 +332,39 @@ def test_drain_ends_long_streams_with_unavailable(gen_repo: Path) -> None:
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
     assert "shutting down" in info.value.details()
     assert sum(len(c.token_ids) for c in got) < 2000
+
+
+def test_stream_interval_merges_tokens_but_not_the_first(
+    gen_repo: Path, gen_server: ServerThread, tmp_path: Path
+) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(gen_repo, root)
+    (root / MODEL / "model.toml").write_text(GENERATOR_TOML + "stream_interval = 3\n")
+    prompt, new_tokens = list(range(40, 60)), 13
+    with Client(gen_server.target) as client:
+        expected = [
+            t
+            for c in client.generate(MODEL, token_ids=prompt, max_tokens=new_tokens, temperature=0)
+            for t in c.token_ids
+        ]
+        (auto,) = [m for m in client.info().models if m.name == MODEL]
+        assert auto.generator.stream_interval == 0  # "auto", the default
+    srv = serve(root)
+    try:
+        with Client(srv.target) as client:
+            chunks = list(
+                client.generate(MODEL, token_ids=prompt, max_tokens=new_tokens, temperature=0)
+            )
+            (model,) = [m for m in client.info().models if m.name == MODEL]
+    finally:
+        srv.stop()
+    assert model.generator.stream_interval == 3
+    assert [t for c in chunks for t in c.token_ids] == expected
+    # The first token goes alone and at once, then a chunk every 3 model passes at most,
+    # and the last chunk carries the finish reason.
+    assert len(chunks[0].token_ids) == 1
+    assert len(chunks) <= 1 + -(-(new_tokens - 1) // 3) + 1
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert [c.index for c in chunks] == [
+        sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))
+    ]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tensord.errors import ModelLoadError
+from tensord.generate.engine import stream_interval
 from tensord.registry.generator_config import (
     DEFAULT_KV_CACHE_BYTES,
     GeneratorConfig,
@@ -60,7 +61,7 @@ def test_generator_table_sets_limits(tmp_path: Path) -> None:
         tmp_path / "lm" / "model.toml",
         "[generator]\nblock_size = 32\nnum_blocks = 100\nmax_num_seqs = 8\n"
         "max_num_batched_tokens = 512\nmax_queue_size = 4\nmax_model_len = 1024\n"
-        "intra_op_threads = 2\n",
+        "intra_op_threads = 2\nstream_interval = 3\n",
     )
     (source,) = scan_repository(tmp_path)
     assert (source.kind, source.error) == ("generator", "")
@@ -72,6 +73,11 @@ def test_generator_table_sets_limits(tmp_path: Path) -> None:
         max_queue_size=4,
         max_model_len=1024,
         intra_op_threads=2,
+        stream_interval=3,
+    )
+    assert (
+        source.config.generator.resolve(context_length=2048, kv_bytes_per_token=8).stream_interval
+        == 3
     )
 
 
@@ -118,6 +124,8 @@ def test_explicit_kinds(tmp_path: Path) -> None:
         ("[generator]\nblock_size = 0\n", "generator.block_size: Input should be greater than"),
         ("[generator]\nmax_blocks = 3\n", "generator.max_blocks: unknown key"),
         ('kind = "encoder"\n', "kind: Input should be 'predict' or 'generator'"),
+        ("[generator]\nstream_interval = 0\n", "generator.stream_interval"),
+        ('[generator]\nstream_interval = "often"\n', "generator.stream_interval"),
     ],
 )
 def test_bad_generator_settings(tmp_path: Path, toml: str, message: str) -> None:
@@ -139,6 +147,7 @@ def test_resolve_defaults() -> None:
         max_queue_size=1024,
         max_model_len=2048,
         intra_op_threads=1,
+        stream_interval=0,
     )
     assert limits.num_blocks == 4096  # 256 MiB of 64 KiB blocks
 
@@ -156,3 +165,18 @@ def test_resolve_refuses_what_cannot_work() -> None:
         GeneratorConfig(max_model_len=4096).resolve(context_length=2048, kv_bytes_per_token=8)
     with pytest.raises(ModelLoadError, match=r"cannot hold one sequence of max_model_len 2048"):
         GeneratorConfig(num_blocks=100).resolve(context_length=2048, kv_bytes_per_token=8)
+
+
+def test_stream_interval_auto_keeps_about_four_chunks_a_step() -> None:
+    assert [stream_interval(0, n) for n in (1, 4, 5, 8, 9, 16, 17, 32, 64)] == [
+        1,
+        1,
+        2,
+        2,
+        3,
+        4,
+        5,
+        8,
+        8,
+    ]
+    assert stream_interval(3, 1) == stream_interval(3, 64) == 3  # a set interval is kept

@@ -73,6 +73,18 @@ def sampling_defaults(spec: GeneratorSpec) -> GenerationDefaults:
     )
 
 
+_AUTO_STREAMS_PER_CHUNK = 4
+_AUTO_MAX_INTERVAL = 8
+
+
+def stream_interval(configured: int, streams: int) -> int:
+    """Steps whose tokens one chunk carries: `configured`, or with 0 ("auto")
+    ceil(streams / 4) capped at 8, which keeps about 4 chunks per step."""
+    if configured:
+        return configured
+    return max(1, min(_AUTO_MAX_INTERVAL, -(-streams // _AUTO_STREAMS_PER_CHUNK)))
+
+
 class GenerationEngine:
     """Continuous batching for one model; `generate()` streams one request's chunks."""
 
@@ -111,7 +123,11 @@ class GenerationEngine:
         self._outbox_lock = threading.Lock()
         self._outbox_scheduled = False
         self._held: list[EngineCoreOutput] = []
-        """Engine thread: the last step's outputs, handed over when the next pass starts."""
+        """Engine thread: outputs of steps not yet handed over (see _release_due)."""
+        self._held_steps = 0
+        """Engine thread: model passes started since everything held was last handed over."""
+        self._urgent: set[str] = set()
+        """Engine thread: held requests whose tokens go at the next pass (first, last)."""
         self._stops: list[str] = []
         self._stopping: TensordError | None = None
         self._steps = 0
@@ -237,13 +253,33 @@ class GenerationEngine:
     # -- the engine thread -------------------------------------------------------------
 
     def _release_held(self) -> None:
-        """Engine thread: hand the held outputs to the event loop. Called just before a
-        model pass starts, before the engine waits, and before anything else is posted to
-        the loop: the loop's per-token work (text, chunks, gRPC messages) then overlaps the
-        pass, which runs without the GIL, instead of competing with the step's own Python."""
+        """Engine thread: hand every held output to the event loop. Called before the
+        engine waits and before anything else is posted to the loop (an expiry, an error),
+        and by _release_due when the stream interval is up."""
+        self._held_steps = 0
+        self._urgent.clear()
         if self._held:
             held, self._held = self._held, []
             self._hand_over(held)
+
+    def _release_due(self, streams: int) -> None:
+        """Engine thread, just before a model pass: hand over the held outputs that are due.
+
+        Just before the pass, so that the loop's per-token work (text, chunks, gRPC
+        messages) overlaps the pass, which runs without the GIL, instead of competing with
+        the step's own Python. Every `stream_interval` passes everything held goes, so a
+        stream gets one chunk for that many steps' tokens; in between only the requests
+        whose first token or last chunk is held go (time to first token and the end of a
+        stream never wait)."""
+        self._held_steps += 1
+        if self._held_steps >= stream_interval(self.limits.stream_interval, streams):
+            self._release_held()
+            return
+        if self._urgent:
+            urgent, self._urgent = self._urgent, set()
+            due = [o for o in self._held if o.request_id in urgent]
+            self._held = [o for o in self._held if o.request_id not in urgent]
+            self._hand_over(due)
 
     def _run_loop(self) -> None:
         while True:
@@ -300,12 +336,23 @@ class GenerationEngine:
             StepItem(s.request_id, s.token_ids, s.start_pos, s.block_ids, s.sample)
             for s in output.scheduled
         ]
-        logits = self.runner.execute(items, before_run=self._release_held)
+        streams = len(items)
+        logits = self.runner.execute(items, before_run=lambda: self._release_due(streams))
         sampled, logprobs = self._sample(output, logits)
         with self._lock:
             self._steps += 1
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
+            requests = self.scheduler.requests
+            for out in core_outputs:
+                request = requests.get(out.request_id)
+                # Finished, or this output holds the request's first tokens.
+                if (
+                    request is None
+                    or out.finished
+                    or (request.num_output_tokens == len(out.new_token_ids))
+                ):
+                    self._urgent.add(out.request_id)
         self._held.extend(core_outputs)
 
     def _sample(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -42,6 +43,13 @@ class GeneratorConfig(BaseModel):
     core. The default leaves the other cores to the event loop, which detokenizes and
     streams every token while the next step runs (measured on 2 cores: as many tokens/s
     at 16 streams with 1 thread as with 2, and a steadier inter-token latency)."""
+    stream_interval: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = "auto"
+    """Steps a stream's tokens are held and merged into one chunk; a stream's first token
+    and its last chunk go out at once. 1 sends every token as it is made. "auto" holds
+    them for ceil(running streams / 4) steps, at most 8: one chunk per token up to 4
+    streams, and about 4 chunks per step above that, which bounds the per-message gRPC
+    work that shares the host's cores with the model (measured on 2 cores at 16 streams:
+    a quarter less server CPU per token and about 10 % more tokens/s than 1)."""
 
     @model_validator(mode="after")
     def _check(self) -> GeneratorConfig:
@@ -86,6 +94,7 @@ class GeneratorConfig(BaseModel):
             max_queue_size=self.max_queue_size,
             max_model_len=max_model_len,
             intra_op_threads=self.intra_op_threads,
+            stream_interval=0 if self.stream_interval == "auto" else self.stream_interval,
         )
 
 
@@ -102,3 +111,5 @@ class GeneratorLimits:
     max_queue_size: int
     max_model_len: int
     intra_op_threads: int
+    stream_interval: int = 0
+    """Steps a stream's tokens are merged over; 0: chosen from the running streams."""

@@ -127,6 +127,7 @@ def generator_status(engine: GenerationEngine, stats: EngineStats) -> pb.Generat
         prefix_hit_tokens=stats.prefix_hit_tokens,
         preemptions=stats.preemptions,
         eos_token_ids=list(engine.directory.spec.eos_token_ids),
+        stream_interval=limits.stream_interval,
     )
 
 
