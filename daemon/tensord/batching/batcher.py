@@ -172,8 +172,10 @@ class DynamicBatcher:
             if first.future.done():  # the oldest left: start over from the new head
                 first = await self._next_live()
                 close_at = first.arrived + self.settings.max_queue_delay_s
-        for pending in batch:
-            self._queue.remove(pending)
+        # One pass, not a deque.remove per member: that is O(queue x batch) per batch,
+        # which a long queue under overload turns into milliseconds on the event loop.
+        taken = {id(pending) for pending in batch}
+        self._queue = deque(p for p in self._queue if id(p) not in taken)
         return batch
 
     async def _next_live(self) -> Pending:
@@ -187,6 +189,10 @@ class DynamicBatcher:
     def _drop_dead(self) -> None:
         """Remove cancelled requests and fail expired ones, so neither ever runs."""
         now = time.monotonic()
+        if not any(
+            p.future.done() or (p.deadline is not None and now >= p.deadline) for p in self._queue
+        ):
+            return
         live: deque[Pending] = deque()
         for pending in self._queue:
             if pending.future.done():
