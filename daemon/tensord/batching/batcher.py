@@ -189,10 +189,6 @@ class DynamicBatcher:
     def _drop_dead(self) -> None:
         """Remove cancelled requests and fail expired ones, so neither ever runs."""
         now = time.monotonic()
-        if not any(
-            p.future.done() or (p.deadline is not None and now >= p.deadline) for p in self._queue
-        ):
-            return
         live: deque[Pending] = deque()
         for pending in self._queue:
             if pending.future.done():
