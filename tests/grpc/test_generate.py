@@ -368,3 +368,46 @@ def test_stream_interval_merges_tokens_but_not_the_first(
     assert [c.index for c in chunks] == [
         sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))
     ]
+
+
+def test_a_tight_token_budget_prefills_one_token_a_step(
+    gen_repo: Path, reference: ReferenceModel, tmp_path: Path
+) -> None:
+    # 7 streams decoding take 7 of the 8 tokens a step: a new prompt is prefilled one
+    # token a step beside them, and every stream still equals the no-cache reference.
+    root = tmp_path / "repo"
+    shutil.copytree(gen_repo, root)
+    (root / MODEL / "model.toml").write_text(
+        "[generator]\nblock_size = 16\nnum_blocks = 160\nmax_num_seqs = 8\n"
+        "max_num_batched_tokens = 8\n"
+    )
+    prompts = [list(range(10 + i, 13 + i)) for i in range(7)] + [list(range(500, 510))]
+    lengths = [120] * 7 + [20]  # the seven still decode while the eighth is prefilled
+
+    async def run() -> list[tuple[list[int], list[pb.GenerateResponse]]]:
+        async with AsyncClient(srv.target, timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    _collect(
+                        client,
+                        p,
+                        0.0 if i < 7 else 0.05,
+                        max_tokens=n,
+                        temperature=0,
+                        ignore_eos=True,
+                    )
+                    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
+                )
+            )
+
+    srv = serve(root)
+    try:
+        results = asyncio.run(run())
+        with Client(srv.target) as client:
+            assert _wait_idle(client).used_blocks == 0
+    finally:
+        srv.stop()
+    for prompt, n, (tokens, chunks) in zip(prompts, lengths, results, strict=True):
+        assert len(tokens) == n
+        assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        reference.greedy(prompt, n).check(tokens)

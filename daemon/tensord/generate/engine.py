@@ -305,12 +305,15 @@ class GenerationEngine:
             try:
                 self._step(output)
             except Exception as exc:  # a failed step fails its requests, not the engine
-                log.error("engine.step_failed", model=self.name, error=str(exc))
+                log.error("engine.step_failed", model=self.name, error=repr(exc), exc_info=exc)
                 self.runner.reset()
                 error = (
                     exc
                     if isinstance(exc, TensordError)
-                    else InternalError(f"generation step failed: {exc}")
+                    else InternalError(
+                        f"generation step failed ({type(exc).__name__}); the server log has "
+                        "the details (engine.step_failed)"
+                    )
                 )
                 with self._lock:
                     self._fail([item.request_id for item in output.scheduled], error)

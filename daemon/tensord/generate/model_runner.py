@@ -39,6 +39,13 @@ class StepItem:
     """False for a prefill chunk that does not reach the end of the prompt."""
 
 
+def _is_decode(item: StepItem) -> bool:
+    """One token after cached ones, whose logits are wanted: a decode step (or the last
+    token of a prompt whose other tokens were cached). A one-token prompt chunk that does
+    not end its prompt is a prefill: the decode path gives every row's logits."""
+    return len(item.token_ids) == 1 and item.start > 0 and item.wants_logits
+
+
 class StepLogits(Mapping[str, np.ndarray]):
     """A step's next-token logits: row i of `rows` [N, V] belongs to `request_ids[i]`.
 
@@ -112,8 +119,8 @@ class ModelRunner:
         hands the previous step's tokens to the event loop there, so that the loop's work
         overlaps the pass, which runs without the GIL)."""
         self._before_run = before_run
-        decodes = [i for i in items if len(i.token_ids) == 1 and i.start > 0]
-        prefills = [i for i in items if not (len(i.token_ids) == 1 and i.start > 0)]
+        decodes = [i for i in items if _is_decode(i)]
+        prefills = [i for i in items if not _is_decode(i)]
         parts = []
         if prefills:
             parts.append(self._prefill(prefills))

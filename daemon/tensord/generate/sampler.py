@@ -91,19 +91,28 @@ def seen_tokens(request: Request, vocab: int) -> np.ndarray:
     return mask
 
 
+_PENALISED_LIMIT = 1e30
+"""Bound of a penalised logit: divided by the smallest sampling temperature it stays finite
+in float32."""
+
+
 def apply_repetition_penalty(
     scores: np.ndarray, seen: np.ndarray, penalties: np.ndarray
 ) -> np.ndarray:
     """Hugging Face's rule: a seen token's logit is divided by the penalty when positive
     and multiplied by it when negative (a penalty above 1 discourages repeats).
 
-    Only the seen entries are touched (a gather and a scatter), not the whole batch."""
+    Only the seen entries are touched (a gather and a scatter), not the whole batch. The
+    results are kept within +-1e30, so that an extreme penalty (any positive value is
+    allowed) gives a very unlikely or very likely token, never an infinity that turns the
+    softmax into NaN once divided by a small temperature."""
     out = np.array(scores, dtype=np.float32)
     flat = out.reshape(-1)
     index = np.flatnonzero(seen)
-    values = flat[index]
-    penalty = penalties.astype(np.float32)[index // scores.shape[1]]
-    flat[index] = np.where(values > 0, values / penalty, values * penalty)
+    values = flat[index].astype(np.float64)
+    penalty = penalties.astype(np.float64)[index // scores.shape[1]]
+    penalised = np.where(values > 0, values / penalty, values * penalty)
+    flat[index] = np.clip(penalised, -_PENALISED_LIMIT, _PENALISED_LIMIT)
     return out
 
 

@@ -18,6 +18,12 @@ from tensord.errors import InvalidArgumentError
 
 # Temperatures below this are greedy: dividing logits by ~0 overflows float32.
 SAMPLING_EPS = 1e-5
+MAX_STOP_SEQUENCES = 16
+"""Most stop strings in one request."""
+MAX_STOP_LENGTH = 512
+"""Most characters in one stop string."""
+MAX_STOP_TOKEN_IDS = 1024
+"""Most stop token ids in one request."""
 # The most alternatives a request may ask for per token, unless the engine says otherwise.
 DEFAULT_MAX_LOGPROBS = 20
 _UINT64_LIMIT = 1 << 64
@@ -189,9 +195,24 @@ def _check_floats(temperature: float, top_p: float, penalty: float) -> None:
 
 
 def _check_stops(stop: tuple[str, ...], stop_token_ids: tuple[int, ...], vocab: int | None) -> None:
+    # Every stop string is matched against every token's text on the event loop: bounded.
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise InvalidArgumentError(
+            f"sampling.stop has {len(stop)} sequences; at most {MAX_STOP_SEQUENCES} are allowed"
+        )
+    if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidArgumentError(
+            f"sampling.stop_token_ids has {len(stop_token_ids)} ids; at most "
+            f"{MAX_STOP_TOKEN_IDS} are allowed"
+        )
     for i, text in enumerate(stop):
         if not text:
             raise InvalidArgumentError(f"sampling.stop[{i}] is empty; a stop sequence needs text")
+        if len(text) > MAX_STOP_LENGTH:
+            raise InvalidArgumentError(
+                f"sampling.stop[{i}] has {len(text)} characters; at most {MAX_STOP_LENGTH} "
+                "are allowed"
+            )
     for i, token in enumerate(stop_token_ids):
         if token < 0 or (vocab is not None and token >= vocab):
             limit = f"[0, {vocab})" if vocab is not None else ">= 0"

@@ -108,7 +108,9 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already queued")
         limit = self.config.max_queue_size
-        if limit and len(self.waiting) >= limit:
+        # Requests that the next step seats are not waiting: free seats do not count.
+        seats = max(0, self.config.max_num_seqs - len(self.running))
+        if limit and len(self.waiting) >= limit + seats:
             self._num_rejected += 1
             raise ResourceExhaustedError(
                 f"the generation queue is full ({limit} requests waiting); retry later, or "

@@ -89,3 +89,38 @@ def test_chunked_prefill_and_membership_changes(tinylm: Path) -> None:
     reference.greedy(a, len(out_a)).check(out_a)
     reference.greedy(b, len(out_b)).check(out_b)
     assert len(out_a) == 6 and len(out_b) == 6
+
+
+def test_one_token_chunks_beside_decodes(tinylm: Path) -> None:
+    """A budget of a token or two a step cuts a prompt into one-token chunks at non-zero
+    positions; they are prefills (no logits until the last), not decodes."""
+    runner, _ = _runner(tinylm)
+    reference = ReferenceModel(tinylm)
+    a = list(range(60, 66))
+    b = list(range(400, 404))
+    ta, tb = list(range(0, 8)), list(range(8, 16))
+    out_b = [int(runner.execute([StepItem("b", b, 0, tb)])["b"].argmax())]
+    out_a: list[int] = []
+    for pos in range(len(a)):
+        last = pos == len(a) - 1
+        step = runner.execute(
+            [
+                StepItem("b", [out_b[-1]], len(b) + len(out_b) - 1, tb),
+                StepItem("a", [a[pos]], pos, ta, wants_logits=last),
+            ]
+        )
+        assert sorted(step.request_ids) == (["a", "b"] if last else ["b"])
+        out_b.append(int(step["b"].argmax()))
+        if last:
+            out_a.append(int(step["a"].argmax()))
+    for _ in range(3):
+        step = runner.execute(
+            [
+                StepItem("a", [out_a[-1]], len(a) + len(out_a) - 1, ta),
+                StepItem("b", [out_b[-1]], len(b) + len(out_b) - 1, tb),
+            ]
+        )
+        out_a.append(int(step["a"].argmax()))
+        out_b.append(int(step["b"].argmax()))
+    reference.greedy(a, len(out_a)).check(out_a)
+    reference.greedy(b, len(out_b)).check(out_b)

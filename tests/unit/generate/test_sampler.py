@@ -55,6 +55,22 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() ->
     assert out.tolist() == [[1.0, -2.0, 0.5, 3.0], [4.0, -0.5, 0.5, 3.0]]
 
 
+def test_extreme_penalties_give_finite_scores_and_real_draws() -> None:
+    logits = np.array([[2.0, -1.0, 0.5, 3.0]] * 2, dtype=np.float32)
+    seen = np.array([[True, True, False, False]] * 2)
+    out = apply_repetition_penalty(logits, seen, np.array([1e-45, 3e38]))
+    assert np.isfinite(out).all()
+    assert out[0, 0] == np.float32(1e30) and -1e-30 < out[0, 1] <= 0  # tiny: repeats win
+    assert out[1, 1] == np.float32(-1e30)  # huge: the seen negative logit is out of the running
+    requests = [
+        req("tiny", [0, 1], repetition_penalty=1e-45, temperature=1.0, seed=1),
+        req("huge", [3, 1], repetition_penalty=3e38, temperature=0.01, seed=1),
+    ]
+    with np.errstate(over="raise", invalid="raise"):  # no overflow or NaN on the way
+        tokens = Sampler().sample(logits, requests).token_ids.tolist()
+    assert tokens == [0, 0]  # the boosted repeat; then the best token not penalised
+
+
 def test_seen_tokens_follow_prompt_and_output_incrementally() -> None:
     request = req("r", [1, 1, 3, 99], repetition_penalty=1.5)
     assert np.flatnonzero(seen_tokens(request, 5)).tolist() == [1, 3]  # 99 is past the vocab

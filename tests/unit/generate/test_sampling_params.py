@@ -84,6 +84,18 @@ def test_an_absent_seed_gets_a_random_one() -> None:
         ),
         (SamplingParams(stop=("ok", "")), "sampling.stop[1] is empty; a stop sequence needs text"),
         (
+            SamplingParams(stop=tuple(f"s{i}" for i in range(17))),
+            "sampling.stop has 17 sequences; at most 16 are allowed",
+        ),
+        (
+            SamplingParams(stop=("ok", "x" * 513)),
+            "sampling.stop[1] has 513 characters; at most 512 are allowed",
+        ),
+        (
+            SamplingParams(stop_token_ids=(1,) * 1025),
+            "sampling.stop_token_ids has 1025 ids; at most 1024 are allowed",
+        ),
+        (
             SamplingParams(stop_token_ids=(5, 100)),
             "sampling.stop_token_ids[1] is 100, outside the vocabulary [0, 100)",
         ),

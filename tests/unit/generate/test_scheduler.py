@@ -310,18 +310,23 @@ def test_finish_requests_from_outside_the_step() -> None:
 
 
 def test_a_full_waiting_queue_refuses_with_resource_exhausted() -> None:
-    scheduler = make(queue=2)
-    scheduler.add_request(make_request("a", tokens(1, 4)))
-    scheduler.add_request(make_request("b", tokens(1, 4)))
+    # Two seats and room for two waiting: a burst into an idle engine takes four, since
+    # the two the next step seats are not waiting.
+    scheduler = make(max_num_seqs=2, queue=2)
+    for rid in "abcd":
+        scheduler.add_request(make_request(rid, tokens(1, 4)))
     with pytest.raises(ResourceExhaustedError) as caught:
-        scheduler.add_request(make_request("c", tokens(1, 4)))
+        scheduler.add_request(make_request("e", tokens(1, 4)))
     assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "queue is full (2 requests waiting)" in caught.value.message
-    step(scheduler)  # both run: the queue has room again
-    scheduler.add_request(make_request("c", tokens(1, 4)))
-    assert scheduler.stats().num_rejected == 1
+    step(scheduler)  # a and b run, c and d wait: still full
+    with pytest.raises(ResourceExhaustedError):
+        scheduler.add_request(make_request("e", tokens(1, 4)))
+    scheduler.finish_requests(["a"], RequestStatus.FINISHED_STOPPED)  # a seat is free
+    scheduler.add_request(make_request("e", tokens(1, 4)))
+    assert scheduler.stats().num_rejected == 2
     with pytest.raises(ValueError, match="already queued"):
-        scheduler.add_request(make_request("c", tokens(1, 4)))
+        scheduler.add_request(make_request("e", tokens(1, 4)))
 
 
 def test_a_request_larger_than_the_pool_is_refused() -> None:
