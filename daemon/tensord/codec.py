@@ -35,6 +35,60 @@ CONTENTS_FIELD: dict[DType, str] = {
 _CONTENTS_FIELDS = tuple(sorted(set(CONTENTS_FIELD.values())))
 _DTYPE_NAMES = ", ".join(pb.DataType.Name(int(d)) for d in DType)
 _U32 = struct.Struct("<I")
+MAX_RANK = 64
+"""NumPy's (and ONNX Runtime's) largest rank."""
+_MAX_BYTES = 2**62
+"""No tensor's elements may need more bytes than this, counted without its zero dimensions
+(NumPy refuses such shapes even when they hold no element)."""
+_SHOWN_DIMS = 8
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    """A shape for a message, abridged past a few dimensions: shapes come from requests."""
+    dims = list(shape)
+    if len(dims) <= _SHOWN_DIMS:
+        return str(dims)
+    return f"[{', '.join(map(str, dims[:_SHOWN_DIMS]))}, ... ({len(dims)} dimensions)]"
+
+
+# Fewest bytes an element takes in TensorContents (packed repeated fields: varints take at
+# least one byte; float16 and bfloat16 travel widened to float).
+_CONTENTS_MIN_BYTES = {
+    DType.BOOL: 1,
+    DType.UINT8: 1,
+    DType.INT8: 1,
+    DType.INT16: 1,
+    DType.INT32: 1,
+    DType.INT64: 1,
+    DType.FLOAT16: 4,
+    DType.BFLOAT16: 4,
+    DType.FLOAT32: 4,
+    DType.FLOAT64: 8,
+    DType.STRING: 2,
+}
+
+
+def encoded_size_floor(array: np.ndarray, *, contents: bool) -> int:
+    """The fewest bytes `array`'s values take in a Tensor message (string bytes aside)."""
+    if array.dtype == object:
+        return array.size * (_CONTENTS_MIN_BYTES[DType.STRING] if contents else 4)
+    if not contents:
+        return array.nbytes
+    return array.size * _CONTENTS_MIN_BYTES[from_numpy(array.dtype)]
+
+
+def encode_cost(array: np.ndarray, *, contents: bool) -> int:
+    """Roughly how many Python-level element steps encoding `array` takes (see decode_cost)."""
+    return array.size if contents or array.dtype == object else 0
+
+
+def decode_cost(tensor: pb.Tensor) -> int:
+    """Roughly how many Python-level element steps decoding `tensor` takes: raw numeric
+    data wraps without a loop (0); strings and typed contents walk every element."""
+    if tensor.WhichOneof("data") == "raw_data":
+        return len(tensor.raw_data) // 4 if tensor.dtype == pb.DATA_TYPE_STRING else 0
+    contents = tensor.contents
+    return sum(len(getattr(contents, field)) for field in _CONTENTS_FIELDS)
 
 
 def pb_dtype(dtype: DType) -> pb.DataType:
@@ -56,12 +110,21 @@ def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
     label = f"{where} {tensor.name!r}"
     dtype = _decode_dtype(tensor.dtype, label)
     shape = tuple(tensor.shape)
+    if len(shape) > MAX_RANK:
+        raise InvalidArgumentError(
+            f"{label}: shape has rank {len(shape)}; at most {MAX_RANK} dimensions are supported"
+        )
     for dim in shape:
         if dim < 0:
             raise InvalidArgumentError(
-                f"{label}: shape {list(shape)} has a negative dimension; "
+                f"{label}: shape {shape_text(shape)} has a negative dimension; "
                 "every dimension must be >= 0"
             )
+    if math.prod(d for d in shape if d) * max(dtype.itemsize, 8) > _MAX_BYTES:
+        raise InvalidArgumentError(
+            f"{label}: shape {shape_text(shape)} is too large to hold in memory "
+            f"(more than {_MAX_BYTES} bytes, zero dimensions aside)"
+        )
     count = math.prod(shape)
     kind = tensor.WhichOneof("data")
     if kind is None:
@@ -70,7 +133,7 @@ def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
                 f"{count * dtype.itemsize} bytes of raw_data" if dtype.itemsize else "raw_data"
             )
             raise InvalidArgumentError(
-                f"{label}: no data for shape {list(shape)} ({count} elements); "
+                f"{label}: no data for shape {shape_text(shape)} ({count} elements); "
                 f"set {expected} or contents.{CONTENTS_FIELD[dtype]}"
             )
         return tensor.name, np.empty(shape, dtype=dtype.numpy)
@@ -97,13 +160,27 @@ def _decode_raw(
     expected = count * dtype.itemsize
     if len(raw) != expected:
         raise InvalidArgumentError(
-            f"{label}: raw_data has {len(raw)} bytes, but shape {list(shape)} of "
+            f"{label}: raw_data has {len(raw)} bytes, but shape {shape_text(shape)} of "
             f"{dtype_name(dtype)} needs {expected} ({count} elements x {dtype.itemsize} bytes)"
         )
-    return np.frombuffer(raw, dtype=dtype.numpy, count=count).reshape(shape)
+    array = np.frombuffer(raw, dtype=dtype.numpy, count=count)
+    if dtype is DType.BOOL and count:
+        bad = np.flatnonzero(array.view(np.uint8) > 1)
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidArgumentError(
+                f"{label}: raw_data byte {i} is {raw[i]}; BOOL raw_data is one byte per "
+                "element, 0 or 1"
+            )
+    return array.reshape(shape)
 
 
 def _decode_raw_strings(raw: bytes, shape: tuple[int, ...], count: int, label: str) -> np.ndarray:
+    if count > len(raw) // 4:  # before allocating anything for `count` elements
+        raise InvalidArgumentError(
+            f"{label}: raw_data has {len(raw)} bytes, too few for {count} strings; STRING "
+            "raw_data is a 4-byte little-endian length then the bytes, per element"
+        )
     out = np.empty(count, dtype=object)
     view = memoryview(raw)
     offset = 0
@@ -151,7 +228,7 @@ def _decode_contents(
     values = getattr(contents, field)
     if len(values) != count:
         raise InvalidArgumentError(
-            f"{label}: contents.{field} has {len(values)} values, but shape {list(shape)} "
+            f"{label}: contents.{field} has {len(values)} values, but shape {shape_text(shape)} "
             f"needs {count}"
         )
     if dtype is DType.STRING:

@@ -149,10 +149,12 @@ class DataPlane:
             try:
                 if entry.batcher is not None:
                     result = await entry.batcher.submit(inputs, names, call.deadline)
-                else:
+                elif entry.config.max_batch_size:
                     result = await run_splitting_on_oom(
                         executor.run, [inputs], names, call.deadline
                     )
+                else:  # dimension 0 is not a batch: its rows may not be run apart
+                    result = await executor.run([inputs], names, call.deadline)
             except DeviceLostError as exc:
                 self.on_device_lost(exc)
                 raise

@@ -6,16 +6,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 
-from tensord.codec import encode_tensor
+from tensord.codec import decode_tensor, encode_tensor
 from tensord.executor.base import ExecutorStats
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
-from tests.conftest import ServerThread
+from tests.conftest import ServerThread, start_server
 
 Code = grpc.StatusCode
 X = np.ones((1, 512), np.float32)
@@ -133,6 +134,44 @@ CASES: list[tuple[str, pb.PredictRequest, Code, str]] = [
         "model 'mlp' has no output 'logits'; its outputs are ['output']",
     ),
     (
+        "rank over 64",
+        mlp(tensor(shape=[1] * 65, raw_data=b"")),
+        Code.INVALID_ARGUMENT,
+        "inputs[0] 'input': shape has rank 65; at most 64 dimensions are supported",
+    ),
+    (
+        "shape too large to hold",
+        mlp(tensor(shape=[0, 2**62])),
+        Code.INVALID_ARGUMENT,
+        "inputs[0] 'input': shape [0, 4611686018427387904] is too large to hold in memory",
+    ),
+    (
+        "more strings than bytes",  # refused before anything is allocated for 2**28 strings
+        pb.PredictRequest(
+            model="identity_string",
+            inputs=[pb.Tensor(name="x", dtype=pb.DATA_TYPE_STRING, shape=[2**26, 4], raw_data=b"")],
+        ),
+        Code.INVALID_ARGUMENT,
+        "inputs[0] 'x': raw_data has 0 bytes, too few for 268435456 strings",
+    ),
+    (
+        "bool byte not 0 or 1",
+        pb.PredictRequest(
+            model="identity_bool",
+            inputs=[
+                pb.Tensor(name="x", dtype=pb.DATA_TYPE_BOOL, shape=[1, 4], raw_data=b"\1\2\0\0")
+            ],
+        ),
+        Code.INVALID_ARGUMENT,
+        "inputs[0] 'x': raw_data byte 1 is 2; BOOL raw_data is one byte per element, 0 or 1",
+    ),
+    (
+        "very long model name",  # quoted in the message, which stays under gRPC's 16 KiB
+        pb.PredictRequest(model="m" * 20_000, inputs=[good_input()]),
+        Code.NOT_FOUND,
+        "more characters)",
+    ),
+    (
         "failed model",
         pb.PredictRequest(model="broken", inputs=[good_input()]),
         Code.UNAVAILABLE,
@@ -179,6 +218,62 @@ def test_message_over_the_limit(stub: pb_grpc.InferenceServiceStub) -> None:
     assert info.value.code() == Code.RESOURCE_EXHAUSTED
     assert "larger than max" in info.value.details()
     assert_still_serving(stub)
+
+
+def test_bytes_that_are_not_the_request_message(server: ServerThread) -> None:
+    with grpc.insecure_channel(server.target) as channel:
+        predict = channel.unary_unary("/tensord.v1.InferenceService/Predict")
+        for garbage in (b"\xff\xff\xff", b"\x0a\x05ab"):  # bad tag; truncated string
+            with pytest.raises(grpc.RpcError) as info:
+                predict(garbage, timeout=30)
+            assert info.value.code() == Code.INVALID_ARGUMENT
+            assert "the request is not a valid tensord.v1.PredictRequest message" in (
+                info.value.details()
+            )
+        stub = pb_grpc.InferenceServiceStub(channel)
+        assert_still_serving(stub)
+
+
+def test_outputs_larger_than_a_reply_are_refused_before_encoding(test_repo: Path) -> None:
+    srv = start_server(test_repo, max_send_message_bytes=1024)
+    x = np.arange(64 * 4, dtype=np.float64).reshape(64, 4)  # 2,048 bytes either way
+    try:
+        with grpc.insecure_channel(srv.target) as channel:
+            stub = pb_grpc.InferenceServiceStub(channel)
+            request = pb.PredictRequest(model="identity_float64", inputs=[encode_tensor("x", x)])
+            for encoding, words in (
+                (pb.TENSOR_ENCODING_RAW, "at least 2048 bytes as raw bytes"),
+                (pb.TENSOR_ENCODING_CONTENTS, "at least 2048 bytes as typed contents"),
+            ):
+                request.output_encoding = encoding
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.Predict(request, timeout=30)
+                assert info.value.code() == Code.RESOURCE_EXHAUSTED
+                assert words in info.value.details()
+                assert "server.max_send_message_bytes" in info.value.details()
+            small = pb.PredictRequest(model="identity_float64", inputs=[encode_tensor("x", x[:8])])
+            reply = stub.Predict(small, timeout=30)
+            assert list(reply.outputs[0].shape) == [8, 4]
+    finally:
+        srv.stop()
+
+
+def test_large_typed_tensors_convert_off_the_event_loop(
+    stub: pb_grpc.InferenceServiceStub,
+) -> None:
+    # Over 32,768 typed values each way: decoded and encoded on a worker thread, exactly.
+    x = np.random.default_rng(5).normal(size=(100, 512)).astype(np.float32)
+    raw = stub.Predict(mlp(encode_tensor("input", x)), timeout=60)
+    typed = stub.Predict(mlp(encode_tensor("input", x, contents=True)), timeout=60)
+    assert typed.outputs[0].raw_data == raw.outputs[0].raw_data
+    h = np.random.default_rng(6).normal(size=(40, 1024)).astype(np.float32)
+    request = pb.PredictRequest(model="slow", inputs=[encode_tensor("x", h)])
+    as_raw = decode_tensor(stub.Predict(request, timeout=60).outputs[0], "outputs")[1]
+    request.output_encoding = pb.TENSOR_ENCODING_CONTENTS
+    reply = stub.Predict(request, timeout=60)
+    assert reply.outputs[0].WhichOneof("data") == "contents"
+    as_typed = decode_tensor(reply.outputs[0], "outputs")[1]
+    assert as_typed.size == 40 * 1024 and np.array_equal(as_typed, as_raw)
 
 
 def test_generate_on_a_predict_model(stub: pb_grpc.InferenceServiceStub) -> None:

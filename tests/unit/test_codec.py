@@ -143,9 +143,20 @@ def test_contents_out_of_range_for_int8() -> None:
 
 def test_truncated_string_raw_data() -> None:
     tensor = pb.Tensor(
-        name="s", dtype=pb.DATA_TYPE_STRING, shape=[2], raw_data=b"\x05\x00\x00\x00abc"
+        name="s", dtype=pb.DATA_TYPE_STRING, shape=[1], raw_data=b"\x05\x00\x00\x00abc"
     )
     assert bad(tensor) == "inputs[0] 's': element 0 claims 5 bytes but only 3 remain"
+
+
+def test_more_strings_than_raw_data_can_hold() -> None:
+    # Each string takes at least its 4-byte length: 7 bytes cannot hold 2 (nor 2**40).
+    for count in (2, 2**40):
+        tensor = pb.Tensor(
+            name="s", dtype=pb.DATA_TYPE_STRING, shape=[count], raw_data=b"\x05\x00\x00\x00abc"
+        )
+        assert bad(tensor).startswith(
+            f"inputs[0] 's': raw_data has 7 bytes, too few for {count} strings"
+        )
 
 
 def test_string_raw_data_with_trailing_bytes() -> None:

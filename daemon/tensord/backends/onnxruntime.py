@@ -167,14 +167,16 @@ class OnnxRuntimeBackend:
     ) -> list[np.ndarray]:
         # ONNX Runtime's NumPy bridge has no bfloat16: pass bfloat16 tensors as OrtValues
         # holding their 16-bit patterns, and copy bfloat16 results out by pointer.
+        # np.require, not np.ascontiguousarray: that one makes a 0-d array 1-d.
         feeds = {}
         for name, array in inputs.items():
             if array.dtype == DType.BFLOAT16.numpy:
                 feeds[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-                    np.ascontiguousarray(array).view(np.uint16), onnx_element_type=_ONNX_BFLOAT16
+                    np.require(array, requirements="C").view(np.uint16),
+                    onnx_element_type=_ONNX_BFLOAT16,
                 )
             else:
-                feeds[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+                feeds[name] = ort.OrtValue.ortvalue_from_numpy(np.require(array, requirements="C"))
         results = self._session.run_with_ort_values(list(output_names), feeds)
         return [_to_numpy(value) for value in results]
 

@@ -30,10 +30,9 @@ from tensord.registry.registry import (
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reload import ConfigLoader, Reloader, ReloadHook, ReloadResult
 from tensord.server.security import Security, transport_options
-from tensord.server.servicer import InferenceServicer
+from tensord.server.servicer import InferenceServicer, add_servicer
 from tensord.server.watchdog import Watchdog
 from tensord.v1 import inference_pb2 as pb
-from tensord.v1 import inference_pb2_grpc as pb_grpc
 
 log = structlog.get_logger("tensord.server")
 
@@ -92,9 +91,10 @@ class TensordServer:
         self._server = grpc.aio.server(
             interceptors=self.security.interceptors, options=transport_options(config.server)
         )
-        pb_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(self.dataplane, self.observability.observer), self._server
+        servicer = InferenceServicer(
+            self.dataplane, self.observability.observer, config.server.max_send_message_bytes
         )
+        add_servicer(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server

@@ -16,14 +16,19 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
-from tensord.errors import TensordError
+from tensord.errors import InvalidArgumentError, TensordError
 from tensord.server.status import error_trailers
 
 log = structlog.get_logger("tensord.request")
 
 REQUEST_ID = "x-request-id"
 _MAX_ID_LENGTH = 128
+_MAX_MESSAGE = 2048
+"""Longest status message sent or logged: a message may quote the request (a name, a
+shape), and gRPC refuses trailers over 16 KiB, which would turn the status into
+RESOURCE_EXHAUSTED."""
 # Failures that are the caller's doing are routine; they are logged at info, not error.
 _CLIENT_CODES = frozenset(
     {
@@ -83,7 +88,7 @@ async def _fail(
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
     trailers: tuple[tuple[str, str | bytes], ...] = ((REQUEST_ID, rid),)
     if isinstance(exc, TensordError):
-        code, message = exc.code, exc.message
+        code, message = exc.code, _bounded(exc.message)
         trailers += error_trailers(exc)
         if code in _CLIENT_CODES:
             log.info(
@@ -117,7 +122,56 @@ async def _fail(
             exc_info=exc,
         )
     _observe(servicer, rpc, request, code, start, rid, context, message)
+    _drop_tracebacks(exc)
     await context.abort(code, message, trailing_metadata=trailers)
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= _MAX_MESSAGE:
+        return message
+    return f"{message[:_MAX_MESSAGE]}... ({len(message) - _MAX_MESSAGE} more characters)"
+
+
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    """Detach the tracebacks of a logged error and its causes. A traceback holds its frames,
+    and a frame that raised inside `except ... as e` holds `e`: a cycle that keeps the
+    request's arrays alive until the cycle collector runs, not when the call ends."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        exc = exc.__cause__ or exc.__context__
+
+
+class MalformedRequest:
+    """What the lenient deserializer returns for bytes that are not the request message:
+    the call then ends INVALID_ARGUMENT (gRPC's own deserializer failure is UNKNOWN)."""
+
+    __slots__ = ("error", "type_name")
+
+    def __init__(self, type_name: str, error: Exception) -> None:
+        self.type_name = type_name
+        self.error = error
+
+    def as_error(self) -> InvalidArgumentError:
+        """The status the caller gets."""
+        return InvalidArgumentError(
+            f"the request is not a valid {self.type_name} message ({self.error}); check the "
+            "client's stubs against the server's contract (tensord.v1)"
+        )
+
+
+def lenient_parser(message_type: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that returns MalformedRequest instead of raising."""
+    name = message_type.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return MalformedRequest(name, exc)
+
+    return parse
 
 
 def unary_rpc(
@@ -132,6 +186,8 @@ def unary_rpc(
         rid = request_id(context)
         context.set_trailing_metadata(((REQUEST_ID, rid),))
         try:
+            if isinstance(request, MalformedRequest):
+                raise request.as_error()
             response = await method(self, request, context, rid)
         except asyncio.CancelledError:
             log.info("request.cancelled", request_id=rid, rpc=rpc)
@@ -158,6 +214,8 @@ def stream_rpc(
         rid = request_id(context)
         context.set_trailing_metadata(((REQUEST_ID, rid),))
         try:
+            if isinstance(request, MalformedRequest):
+                raise request.as_error()
             async for item in method(self, request, context, rid):
                 yield item
         except (asyncio.CancelledError, GeneratorExit):

@@ -2,37 +2,60 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
 
+import grpc
 import structlog
 
-from tensord.dataplane import DataPlane
+from tensord.codec import decode_cost, encode_cost, encoded_size_floor
+from tensord.dataplane import DataPlane, PredictResult
+from tensord.errors import ResourceExhaustedError
 from tensord.observability.observer import RequestObserver
 from tensord.server import converters
-from tensord.server.context import Ctx, stream_rpc, unary_rpc
+from tensord.server.context import Ctx, lenient_parser, stream_rpc, unary_rpc
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 
 log = structlog.get_logger("tensord.request")
 
+# Tensor conversions that walk more elements than this in Python (strings, typed contents),
+# or copy more bytes than this, run on a worker thread: the event loop keeps serving.
+_INLINE_STEPS = 32_768
+_INLINE_BYTES = 4 * 1024 * 1024
+
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
     """Implements tensord.v1.InferenceService over a DataPlane."""
 
-    def __init__(self, dataplane: DataPlane, observer: RequestObserver | None = None) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        observer: RequestObserver | None = None,
+        max_send_message_bytes: int = 0,
+    ) -> None:
         self._dataplane = dataplane
         self.observer = observer
         """Metrics and tracing per call (the RPC decorators use it); None when both are off."""
+        self.max_send_message_bytes = max_send_message_bytes
+        """Largest reply gRPC will send (0: unchecked); larger Predict outputs are refused
+        before they are encoded."""
 
     @unary_rpc
     async def Predict(
         self, request: pb.PredictRequest, context: Ctx, rid: str
     ) -> pb.PredictResponse:
         start = time.perf_counter()
-        call = converters.predict_call(request, context.time_remaining())
+        remaining = context.time_remaining()
+        if sum(decode_cost(t) for t in request.inputs) > _INLINE_STEPS:
+            call = await asyncio.to_thread(converters.predict_call, request, remaining)
+        else:
+            call = converters.predict_call(request, remaining)
         result = await self._dataplane.predict(call)
+        contents = request.output_encoding == pb.TENSOR_ENCODING_CONTENTS
+        self._check_response_size(result, contents)
         total_us = int((time.perf_counter() - start) * 1e6)
         if self.observer is not None:
             self.observer.predict_timings(result.model, result.queue_s, result.compute_s)
@@ -48,7 +71,33 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 compute_us=int(result.compute_s * 1e6),
                 total_us=total_us,
             )
+        arrays = [a for _, a in result.outputs]
+        if (
+            sum(encode_cost(a, contents=contents) for a in arrays) > _INLINE_STEPS
+            or sum(a.nbytes for a in arrays) > _INLINE_BYTES
+        ):
+            return await asyncio.to_thread(
+                converters.predict_response, result, request.output_encoding, total_us
+            )
         return converters.predict_response(result, request.output_encoding, total_us)
+
+    def _check_response_size(self, result: PredictResult, contents: bool) -> None:
+        """RESOURCE_EXHAUSTED before encoding outputs that cannot fit in one message."""
+        limit = self.max_send_message_bytes
+        if not limit:
+            return
+        floor = sum(encoded_size_floor(a, contents=contents) for _, a in result.outputs)
+        if floor > limit:
+            hint = (
+                "ask for output_encoding RAW (more compact), or fewer outputs with output_names"
+                if contents
+                else "ask for fewer outputs with output_names, or send a smaller batch"
+            )
+            raise ResourceExhaustedError(
+                f"the outputs take at least {floor} bytes as "
+                f"{'typed contents' if contents else 'raw bytes'}, more than the "
+                f"{limit} a reply may have (server.max_send_message_bytes); {hint}"
+            )
 
     @stream_rpc
     async def Generate(
@@ -65,3 +114,28 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     @unary_rpc
     async def Info(self, request: pb.InfoRequest, context: Ctx, rid: str) -> pb.InfoResponse:
         return converters.info_response(self._dataplane.info())
+
+
+def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer as the generated add_InferenceServiceServicer_to_server does,
+    but with request deserializers that turn bytes that are not the request message into
+    INVALID_ARGUMENT (gRPC's own deserializer failure answers UNKNOWN)."""
+    service = pb.DESCRIPTOR.services_by_name["InferenceService"]
+    handlers = {}
+    for method in service.methods:
+        request_type = getattr(pb, method.input_type.name)
+        response_type = getattr(pb, method.output_type.name)
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=lenient_parser(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(service.full_name, handlers)
