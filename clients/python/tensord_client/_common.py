@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from tensord.codec import decode_tensor, encode_tensor
+from tensord.errors import InvalidArgumentError
 from tensord.v1 import inference_pb2 as pb
 
 SERVICE = "tensord.v1.InferenceService"
@@ -97,14 +98,19 @@ def predict_request(
     outputs: Iterable[str] | None,
     typed: bool,
 ) -> pb.PredictRequest:
-    """A PredictRequest; raw bytes by default, typed contents with typed=True."""
-    return pb.PredictRequest(
-        model=model,
-        version=version,
-        inputs=[
+    """A PredictRequest; raw bytes by default, typed contents with typed=True.
+
+    An array the contract cannot carry (a dtype such as uint16 or complex) raises ValueError
+    before anything is sent.
+    """
+    try:
+        tensors = [
             encode_tensor(name, np.asarray(array), contents=typed) for name, array in inputs.items()
-        ],
-        output_names=list(outputs or ()),
+        ]
+    except InvalidArgumentError as exc:
+        raise ValueError(str(exc)) from None
+    return pb.PredictRequest(
+        model=model, version=version, inputs=tensors, output_names=list(outputs or ())
     )
 
 
@@ -120,14 +126,24 @@ def generate_request(
     version: int,
     sampling: Mapping[str, Any],
 ) -> pb.GenerateRequest:
-    """A GenerateRequest; sampling keys are SamplingParams field names, None means unset."""
-    params = pb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None})
+    """A GenerateRequest; sampling keys are SamplingParams field names, None means unset.
+
+    `stop` and `stop_token_ids` take one value or a list; token ids may be any iterable of
+    integers, a NumPy array included.
+    """
+    fields = {k: v for k, v in sampling.items() if v is not None}
+    if isinstance(fields.get("stop"), str):
+        fields["stop"] = [fields["stop"]]  # one stop sequence, not one per character
+    if isinstance(fields.get("stop_token_ids"), int | np.integer):
+        fields["stop_token_ids"] = [fields["stop_token_ids"]]
+    if "stop_token_ids" in fields:
+        fields["stop_token_ids"] = [int(t) for t in fields["stop_token_ids"]]
     return pb.GenerateRequest(
         model=model,
         version=version,
         prompt=prompt or "",
-        prompt_token_ids=list(token_ids or ()),
-        sampling=params,
+        prompt_token_ids=[int(t) for t in token_ids] if token_ids is not None else [],
+        sampling=pb.SamplingParams(**fields),
     )
 
 

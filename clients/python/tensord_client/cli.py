@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,15 @@ from tensord_client.client import Client
 
 
 def _to_dict(message: Any) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True)
+    """A message as JSON-ready data with every field present, zeros and empties included,
+    so scripts can index records without checking for keys."""
+    return MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+class UsageError(Exception):
+    """A mistake in the command line or its files: printed as one line, exit status 2."""
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -49,7 +59,10 @@ def cmd_health(client: Client, args: argparse.Namespace) -> int:
             for m in reply.models
         ]
         print(_table(rows, ["MODEL", "VERSION", "STATE", "REASON"]))
-    return 0 if reply.status == pb.SERVING_STATUS_SERVING else 1
+    serving = reply.status == pb.SERVING_STATUS_SERVING
+    if args.model:  # as grpc.health.v1 says of tensord.model.<name>: some version is READY
+        serving = serving and any(m.state == pb.MODEL_STATE_READY for m in reply.models)
+    return 0 if serving else 1
 
 
 def _spec(specs: Any) -> str:
@@ -114,57 +127,144 @@ def _generator_io(m: pb.ModelInfo) -> tuple[str, str]:
 
 
 def _input_dtypes(client: Client, model: str, version: int) -> dict[str, DType]:
-    for m in client.info().models:
-        if m.name == model and (version in (0, m.version)) and m.inputs:
-            return {s.name: DType(s.dtype) for s in m.inputs}
-    return {}
+    """The inputs of the version a call would reach: the one asked for, else the newest
+    READY one (the daemon's default), else the newest. Empty if Info cannot tell."""
+    try:
+        models = [m for m in client.info().models if m.name == model and m.inputs]
+    except grpc.RpcError:
+        return {}  # Predict itself reports what is wrong (unknown model, credentials, ...)
+    if version:
+        models = [m for m in models if m.version == version]
+    ready = [m for m in models if m.state == pb.MODEL_STATE_READY]
+    chosen = max(ready or models, key=lambda m: m.version, default=None)
+    return {s.name: DType(s.dtype) for s in chosen.inputs} if chosen is not None else {}
+
+
+def _split_spec(spec: str, known: dict[str, DType]) -> tuple[str, str]:
+    """NAME=VALUE, where NAME may itself hold '=' if the model has such an input."""
+    for name in sorted(known, key=len, reverse=True):
+        if "=" in name and spec.startswith(name + "="):
+            return name, spec[len(name) + 1 :]
+    name, sep, value = spec.partition("=")
+    if not sep or not name:
+        raise UsageError(f"--input expects NAME=FILE.npy or NAME=JSON, got {spec!r}")
+    return name, value
+
+
+def _load_npy(name: str, path: str, dtype: DType | None) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--input {name}: cannot load {path!r} as a .npy array: {exc}") from None
+    if not isinstance(array, np.ndarray):
+        raise UsageError(f"--input {name}: {path!r} is not a single .npy array")
+    if dtype is DType.BFLOAT16 and array.dtype.kind == "V" and array.dtype.itemsize == 2:
+        array = array.view(dtype.numpy)  # NumPy writes bfloat16 as raw 2-byte records
+    return array
+
+
+def _from_json(name: str, data: Any, dtype: DType | None) -> np.ndarray:
+    """A nested JSON list as an array of the model's dtype, refusing lossy casts."""
+    try:
+        loose = np.array(data)
+        if dtype is None or dtype is DType.STRING:
+            return loose if dtype is None else np.array(data, dtype=dtype.numpy)
+        if loose.dtype.kind in "USO":
+            raise UsageError(
+                f"--input {name}: the model takes {dtype.name.lower()}, but the JSON holds "
+                "strings or mixed values"
+            )
+        target = np.dtype(dtype.numpy)
+        if target.kind in "iub" and loose.dtype.kind == "f":
+            if not np.all(np.isfinite(loose)) or np.any(loose != np.round(loose)):
+                raise UsageError(
+                    f"--input {name}: the model takes {dtype.name.lower()}, but the JSON holds "
+                    "non-integer numbers"
+                )
+            data = loose.astype(np.int64 if target.kind != "b" else np.bool_).tolist()
+        return np.array(data, dtype=target)
+    except (ValueError, OverflowError, TypeError) as exc:
+        what = dtype.name.lower() if dtype is not None else "an array"
+        raise UsageError(f"--input {name}: cannot make {what} of the JSON given: {exc}") from None
 
 
 def parse_inputs(specs: list[str], dtypes: dict[str, DType]) -> dict[str, np.ndarray]:
     """`name=file.npy` loads a file; `name=JSON` takes a nested list, cast to the model's dtype."""
     inputs = {}
     for spec in specs:
-        name, sep, value = spec.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"tensorctl: --input expects NAME=FILE.npy or NAME=JSON, got {spec!r}")
+        name, value = _split_spec(spec, dtypes)
         if value.endswith(".npy"):
-            inputs[name] = np.load(value, allow_pickle=False)
+            inputs[name] = _load_npy(name, value, dtypes.get(name))
             continue
         try:
             data = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise SystemExit(
-                f"tensorctl: --input {name}: not a .npy path nor JSON: {exc}"
-            ) from None
-        dtype = dtypes.get(name)
-        inputs[name] = np.array(data, dtype=dtype.numpy if dtype is not None else None)
+            raise UsageError(f"--input {name}: not a .npy path nor JSON: {exc}") from None
+        inputs[name] = _from_json(name, data, dtypes.get(name))
     return inputs
+
+
+def _file_name(name: str) -> str:
+    """An output name as a file name that stays inside --output-dir."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
+    return "_" + safe if safe.startswith(".") or not safe else safe
+
+
+def _json_values(array: np.ndarray) -> Any:
+    """An array as nested lists for JSON; NaN and infinities as the strings "NaN",
+    "Infinity" and "-Infinity" (protobuf's JSON mapping), which every JSON parser reads."""
+    if array.dtype.kind == "V":  # bfloat16
+        array = array.astype(np.float32)
+    if array.dtype.kind != "f" or np.all(np.isfinite(array)):
+        return array.tolist()
+
+    def number(x: float) -> float | str:
+        if math.isfinite(x):
+            return x
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+    flat = [number(x) for x in array.reshape(-1).tolist()]
+    return np.array(flat, dtype=object).reshape(array.shape).tolist()
+
+
+def _savable(array: np.ndarray) -> np.ndarray:
+    """String outputs as fixed-width Unicode, which np.load reads without pickle."""
+    if array.dtype.kind == "O":
+        return np.array([str(v) for v in array.reshape(-1)], dtype=str).reshape(array.shape)
+    return array
 
 
 def cmd_predict(client: Client, args: argparse.Namespace) -> int:
     """Run a model; print the outputs, or write them as .npy files."""
-    dtypes = (
-        _input_dtypes(client, args.model, args.version)
-        if any(not s.endswith(".npy") for s in args.input)
-        else {}
-    )
+    dtypes = _input_dtypes(client, args.model, args.version)
     inputs = parse_inputs(args.input, dtypes)
     outputs = client.predict(args.model, inputs, version=args.version, outputs=args.output or None)
     if args.output_dir:
-        args.output_dir.mkdir(parents=True, exist_ok=True)
-        for name, array in outputs.items():
-            path = args.output_dir / f"{name}.npy"
-            np.save(path, array)
-            print(f"{name}: {array.dtype} {list(array.shape)} -> {path}", file=sys.stderr)
+        paths = {name: args.output_dir / f"{_file_name(name)}.npy" for name in outputs}
+        if len(set(paths.values())) < len(paths):
+            raise UsageError(
+                f"outputs {sorted(outputs)} would share a file name in --output-dir; "
+                "ask for them one at a time with --output"
+            )
+        try:
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+            for name, array in outputs.items():
+                np.save(paths[name], _savable(array))
+                print(
+                    f"{name}: {array.dtype} {list(array.shape)} -> {paths[name]}", file=sys.stderr
+                )
+        except OSError as exc:
+            raise UsageError(f"--output-dir: {exc}") from None
         return 0
     if args.json:
         print(
             json.dumps(
                 {
-                    name: {"dtype": str(a.dtype), "shape": list(a.shape), "values": a.tolist()}
+                    name: {"dtype": str(a.dtype), "shape": list(a.shape), "values": _json_values(a)}
                     for name, a in outputs.items()
                 },
                 default=str,
+                allow_nan=False,
             )
         )
         return 0
@@ -187,7 +287,7 @@ def cmd_generate(client: Client, args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos or None,
         logprobs=args.logprobs or None,
     )
-    token_ids = [int(t) for t in args.token_ids.split(",")] if args.token_ids else None
+    token_ids = args.token_ids
     last = None
     for chunk in client.generate(
         args.model, args.prompt, token_ids=token_ids, version=args.version, **sampling
@@ -211,6 +311,15 @@ def cmd_generate(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _token_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers such as 1,15,27, got {text!r}"
+        ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """tensorctl's arguments."""
     parser = argparse.ArgumentParser(prog="tensorctl", description="Talk to a tensord daemon.")
@@ -220,12 +329,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call in seconds")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument(
+        "--tls", action="store_true", help="use TLS, verifying the server with the system's CAs"
+    )
+    parser.add_argument(
         "--tls-ca", type=Path, help="CA bundle (PEM) to verify the server: enables TLS"
     )
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="client private key (PEM) for mutual TLS")
     parser.add_argument(
-        "--tls-server-name", help="name to verify in the server's certificate, if not the target's"
+        "--tls-server-name",
+        help="name to verify in the server's certificate, if not the target's: enables TLS",
     )
     parser.add_argument(
         "--token",
@@ -233,7 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="bearer token sent on every call (default: $TENSORD_TOKEN)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    health = sub.add_parser("health", help="server and model health (exit 1 if not serving)")
+    health = sub.add_parser(
+        "health",
+        help="server and model health (exit 1 if the server, or the model named, is not serving)",
+    )
     health.add_argument("model", nargs="?", help="one model only")
     health.set_defaults(func=cmd_health)
     sub.add_parser("info", help="server, devices, providers and models").set_defaults(func=cmd_info)
@@ -254,7 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate = sub.add_parser("generate", help="stream tokens from a generator model")
     generate.add_argument("model")
     generate.add_argument("prompt", nargs="?", help="the prompt text (or --token-ids)")
-    generate.add_argument("--token-ids", help="the prompt as comma-separated token ids")
+    generate.add_argument(
+        "--token-ids", type=_token_ids, help="the prompt as comma-separated token ids"
+    )
     generate.add_argument("--version", type=int, default=0, help="model version (0: newest)")
     generate.add_argument("--max-tokens", type=int, help="most tokens to generate")
     generate.add_argument("--temperature", type=float, help="0 is greedy")
@@ -270,25 +388,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tls(args: argparse.Namespace) -> TLSOptions | None:
+    """TLS options when any TLS flag is given (never a silent fall back to plaintext)."""
+    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_key or args.tls_server_name):
+        return None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together (mutual TLS)")
+    return TLSOptions(
+        root_certificates=args.tls_ca,
+        certificate_chain=args.tls_cert,
+        private_key=args.tls_key,
+        server_name_override=args.tls_server_name,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `tensorctl`."""
+    """Entry point of `tensorctl`: exit 0 on success, 1 for an error from the server or
+    the connection, 2 for a mistake in the command line or its files, 130 on Ctrl-C."""
     args = build_parser().parse_args(argv)
-    tls = None
-    if args.tls_ca or args.tls_cert:
-        if bool(args.tls_cert) != bool(args.tls_key):
-            raise SystemExit("tensorctl: --tls-cert and --tls-key go together (mutual TLS)")
-        tls = TLSOptions(
-            root_certificates=args.tls_ca,
-            certificate_chain=args.tls_cert,
-            private_key=args.tls_key,
-            server_name_override=args.tls_server_name,
-        )
     try:
+        tls = _tls(args)
         with Client(args.target, timeout=args.timeout, tls=tls, token=args.token) as client:
             return int(args.func(client, args))
     except grpc.RpcError as exc:
         print(f"tensorctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
+    except UsageError as exc:
+        print(f"tensorctl: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # an array the contract cannot carry
+        print(f"tensorctl: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a TLS file that cannot be read, and the like
+        if isinstance(exc, BrokenPipeError):  # `tensorctl info | head`: the reader left
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        print(f"tensorctl: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ class Client:
     name with several addresses), calls are spread over every daemon and those not
     reporting SERVING on grpc.health.v1 are skipped.
     Errors surface as grpc.RpcError with the server's status code and message;
-    `tensord_client.retry_after(error)` gives a rate limit's wait in seconds.
+    `tensord_client.retry_after(error)` gives a rate limit's wait in seconds. An array
+    whose dtype the contract cannot carry raises ValueError before anything is sent.
     """
 
     def __init__(

@@ -1,0 +1,195 @@
+"""`tensorctl` against a real server: files stay where they belong, errors are one line with
+the right exit status, JSON is JSON, and TLS flags never fall back to plaintext."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tensord_client._common import generate_request
+from tensord_client.cli import main
+from tests.conftest import ServerThread, start_server
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Exit status, stdout (tensorctl's own lines: the in-process server logs there too,
+    as lines that start with a timestamp) and stderr."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    own = [line for line in out.splitlines() if not line.startswith("20")]
+    return code, "\n".join(own), err
+
+
+@pytest.fixture(scope="module")
+def odd_names(tmp_path_factory: pytest.TempPathFactory) -> ServerThread:
+    """A model whose output names are paths, and an input name holding '='."""
+    root = tmp_path_factory.mktemp("odd-names")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["in=put"], ["../../up"]),
+            helper.make_node("Identity", ["in=put"], ["/abs/file"]),
+        ],
+        "odd",
+        [helper.make_tensor_value_info("in=put", TensorProto.FLOAT, ["batch", 2])],
+        [
+            helper.make_tensor_value_info("../../up", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("/abs/file", TensorProto.FLOAT, ["batch", 2]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (root / "odd" / "1").mkdir(parents=True)
+    onnx.save(model, root / "odd" / "1" / "model.onnx")
+    (root / "odd" / "model.toml").write_text("max_batch_size = 8\n")
+    srv = start_server(root)
+    yield srv
+    srv.stop()
+
+
+def test_output_files_stay_inside_the_output_dir(
+    odd_names: ServerThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "a" / "b" / "out"
+    code, _, err = run(
+        capsys,
+        "-t",
+        odd_names.target,
+        "predict",
+        "odd",
+        "--input",
+        "in=put=[[1, 2]]",
+        "--output-dir",
+        str(out),
+    )
+    assert code == 0, err
+    written = sorted(tmp_path.rglob("*.npy"))
+    assert written == sorted([out / "_abs_file.npy", out / "_.._.._up.npy"])
+    assert np.load(out / "_.._.._up.npy").tolist() == [[1.0, 2.0]]
+
+
+def test_outputs_round_trip_through_npy_files(
+    server: ServerThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for dtype, values in (("string", '[["a", "bc", "", "é"]]'), ("bfloat16", "[[1.5, 2, 3, 4]]")):
+        model = f"identity_{dtype}"
+        first, second = tmp_path / f"{dtype}-1", tmp_path / f"{dtype}-2"
+        code, _, err = run(
+            capsys, "-t", server.target, "predict", model, "-i", f"x={values}", "--output-dir",
+            str(first),
+        )  # fmt: skip
+        assert code == 0, err
+        code, _, err = run(
+            capsys, "-t", server.target, "predict", model, "-i", f"x={first / 'y.npy'}",
+            "--output-dir", str(second),
+        )  # fmt: skip
+        assert code == 0, err
+        assert (first / "y.npy").read_bytes() == (second / "y.npy").read_bytes()
+
+
+def test_json_output_is_strict_json_with_non_finite_numbers(
+    server: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        capsys,
+        "-t",
+        server.target,
+        "--json",
+        "predict",
+        "identity_float32",
+        "-i",
+        "x=[[NaN, Infinity, -Infinity, 0.5]]",
+    )
+    assert code == 0
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    record = json.loads(out, parse_constant=refuse)
+    assert record["y"]["values"] == [["NaN", "Infinity", "-Infinity", 0.5]]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("identity_uint8", "-i", "x=[[300, 1, 2, 3]]"), "cannot make uint8 of the JSON"),
+        (("identity_int8", "-i", "x=[[1.5, 1, 2, 3]]"), "holds non-integer numbers"),
+        (("identity_float32", "-i", 'x=[["a", 1, 2, 3]]'), "holds strings or mixed values"),
+        (("identity_float32", "-i", "x=[[1, 2], [3]]"), "cannot make float32 of the JSON"),
+        (("identity_float32", "-i", "x=/nonexistent/x.npy"), "cannot load '/nonexistent/x.npy'"),
+        (("identity_float32", "-i", "x"), "--input expects NAME=FILE.npy or NAME=JSON"),
+    ],
+)
+def test_mistakes_are_one_line_and_exit_2(
+    server: ServerThread,
+    capsys: pytest.CaptureFixture[str],
+    argv: tuple[str, ...],
+    message: str,
+) -> None:
+    code, _, err = run(capsys, "-t", server.target, "predict", *argv)
+    assert code == 2
+    assert err.startswith("tensorctl: ") and message in err
+
+
+def test_server_errors_exit_1_and_a_failed_model_is_unhealthy(
+    server: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "-t", server.target, "predict", "nope", "-i", "x=[[1]]")
+    assert code == 1 and err.startswith("tensorctl: NOT_FOUND: ")
+    assert run(capsys, "-t", server.target, "health", "mlp")[0] == 0
+    code, out, _ = run(capsys, "-t", server.target, "health", "broken")
+    assert code == 1 and "FAILED" in out
+
+
+def test_any_tls_flag_means_tls(server: ServerThread, capsys: pytest.CaptureFixture[str]) -> None:
+    # The server speaks plaintext: a TLS client cannot talk to it, and must not fall back.
+    code, _, err = run(
+        capsys, "-t", server.target, "--timeout", "2", "--tls-server-name", "x", "health"
+    )
+    assert code == 1 and "UNAVAILABLE" in err
+    code, _, err = run(capsys, "-t", server.target, "--tls-key", "/nonexistent", "health")
+    assert code == 2 and "--tls-cert and --tls-key go together" in err
+    code, _, err = run(capsys, "-t", server.target, "--tls-ca", "/nonexistent", "health")
+    assert code == 2 and "/nonexistent" in err
+
+
+def test_generate_json_records_have_every_field(
+    server: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        capsys,
+        "-t",
+        server.target,
+        "--json",
+        "generate",
+        "tinylm",
+        "--token-ids",
+        "5,6,7",
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "0",
+    )
+    assert code == 0
+    records = [json.loads(line) for line in out.splitlines()]
+    assert records and all({"token_ids", "text", "index"} <= set(r) for r in records)
+    assert records[0]["index"] == 0
+    code, _, err = run(capsys, "-t", server.target, "generate", "tinylm", "--token-ids", "1,,2")
+    assert code == 2 and "expected comma-separated integers" in err
+
+
+def test_generate_request_takes_one_stop_string_and_numpy_token_ids() -> None:
+    request = generate_request(
+        "m", None, np.array([1, 2, 3]), 0, {"stop": "END", "stop_token_ids": 7}
+    )
+    assert list(request.sampling.stop) == ["END"]
+    assert list(request.sampling.stop_token_ids) == [7]
+    assert list(request.prompt_token_ids) == [1, 2, 3]
