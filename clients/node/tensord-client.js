@@ -28,9 +28,21 @@ commands:
   predict MODEL --input NAME=SPEC...  run MODEL once; SPEC is one of
       [[1, 2], [3, 4]]                a JSON array (nested for more dimensions)
       @random:1x512[:SEED]            seeded pseudo-random float32 values in [-1, 1)
-    an input may name its dtype, NAME:DTYPE=SPEC (float32 by default, e.g. ids:int64=[[1, 2]])
+    an input may name its dtype, NAME:DTYPE=SPEC (float32 by default, e.g. ids:int64=[[1, 2]]);
+    NAME may hold ':' (input_1:0=[1, 2]); only a known dtype name after the last ':' is a dtype
+    values must fit the dtype: integers in its range, numbers for floats, true/false for bool;
+    int64 values are exact past 2^53 and may also be given as strings ("9007199254740993")
     --typed                           send and receive typed contents instead of raw_data
     --version N                       the model version (default: the newest ready one)`;
+
+// The integer dtypes' ranges, inclusive, as BigInt so int64's bounds are exact.
+const INT_RANGES = {
+  DATA_TYPE_UINT8: [0n, 255n],
+  DATA_TYPE_INT8: [-128n, 127n],
+  DATA_TYPE_INT16: [-32768n, 32767n],
+  DATA_TYPE_INT32: [-(2n ** 31n), 2n ** 31n - 1n],
+  DATA_TYPE_INT64: [-(2n ** 63n), 2n ** 63n - 1n],
+};
 
 // Per dtype: the TypedArray that holds its raw little-endian elements, the
 // TensorContents field for its typed values, and how a raw element becomes a JSON value.
@@ -42,7 +54,7 @@ const DTYPES = {
   DATA_TYPE_INT8: { array: Int8Array, field: 'int_values' },
   DATA_TYPE_INT16: { array: Int16Array, field: 'int_values' },
   DATA_TYPE_INT32: { array: Int32Array, field: 'int_values' },
-  DATA_TYPE_INT64: { array: BigInt64Array, field: 'int64_values', toRaw: BigInt },
+  DATA_TYPE_INT64: { array: BigInt64Array, field: 'int64_values' },
   DATA_TYPE_FLOAT16: {
     array: Uint16Array, field: 'float_values', fromRaw: float16ToNumber, sendRaw: false,
   },
@@ -85,28 +97,129 @@ function randomFloat32(count, seed) {
 // ---------------------------------------------------------------------------------------
 // Input parsing: NAME[:DTYPE]=SPEC -> { name, dtype, shape, values (flat, C order) }.
 
+// NAME ends at the first '='. Tensor names may hold ':' (tf2onnx's "input_1:0"), so only
+// the text after the last ':' that is a known dtype name is read as the dtype:
+// "input_1:0=..." is input "input_1:0" as float32, "input_1:0:int64=..." the same as int64.
 function parseInput(text) {
-  const match = /^([^=:]+)(?::([A-Za-z0-9_]+))?=(.*)$/s.exec(text);
-  if (!match) {
+  const equals = text.indexOf('=');
+  if (equals <= 0) {
     throw new UsageError(`--input ${JSON.stringify(text)}: expected NAME=SPEC or NAME:DTYPE=SPEC`);
   }
-  const [, name, dtypeText, spec] = match;
-  const dtype = dtypeName(dtypeText || 'float32');
+  const head = text.slice(0, equals);
+  const spec = text.slice(equals + 1);
+  const colon = head.lastIndexOf(':');
+  const suffix = colon > 0 ? dtypeName(head.slice(colon + 1)) : undefined;
+  const name = suffix ? head.slice(0, colon) : head;
+  const dtype = suffix || 'DATA_TYPE_FLOAT32';
   if (spec.startsWith('@') && !dtype.includes('FLOAT')) {
     throw new UsageError(`--input ${name}: @random makes float values; ${dtype} needs JSON`);
   }
-  const { shape, values } = spec.startsWith('@') ? parseGenerator(spec) : parseJsonArray(spec);
-  return { name, dtype, shape, values };
+  const { shape, values } = spec.startsWith('@')
+    ? parseGenerator(spec)
+    : parseJsonArray(spec, dtype === 'DATA_TYPE_INT64');
+  return { name, dtype, shape, values: checkValues(name, dtype, shape, values) };
 }
 
-// "float32", "FLOAT32" and "DATA_TYPE_FLOAT32" all name DATA_TYPE_FLOAT32.
+// "float32", "FLOAT32" and "DATA_TYPE_FLOAT32" all name DATA_TYPE_FLOAT32; anything else
+// is undefined.
 function dtypeName(text) {
   const upper = text.toUpperCase();
   const name = upper.startsWith('DATA_TYPE_') ? upper : `DATA_TYPE_${upper}`;
-  if (!(name in DTYPES)) {
-    throw new UsageError(`unknown dtype ${JSON.stringify(text)}`);
+  return Object.hasOwn(DTYPES, name) ? name : undefined;
+}
+
+// Each value checked against the dtype and put in the form the encoders take: Number for
+// floats and the narrow integers, BigInt for int64, boolean for bool, string for string.
+// Nothing is wrapped, truncated or rounded silently: a value that does not fit is a usage
+// error naming the input, the value and what the dtype takes.
+function checkValues(name, dtype, shape, values) {
+  return values.map((value, index) => {
+    const fail = (why) => {
+      const where = values.length > 1 ? ` at ${JSON.stringify(unravel(index, shape))}` : '';
+      throw new UsageError(`--input ${name}: ${showValue(value)}${where} ${why}`);
+    };
+    return checkValue(dtype, value, fail);
+  });
+}
+
+// A flat C-order index -> its index per dimension.
+function unravel(index, shape) {
+  const position = [];
+  for (let axis = shape.length - 1; axis >= 0; axis--) {
+    position.unshift(index % shape[axis]);
+    index = Math.floor(index / shape[axis]);
   }
-  return name;
+  return position;
+}
+
+// A value as the user wrote it: integer digits (an int64 literal read exactly) bare.
+function showValue(value) {
+  if (typeof value === 'bigint' || (typeof value === 'string' && /^-?\d+$/.test(value))) {
+    return String(value);
+  }
+  return JSON.stringify(value) ?? String(value);
+}
+
+const FLOAT_WORDS = { NaN: NaN, Infinity: Infinity, '-Infinity': -Infinity, '-0': -0 };
+
+function checkValue(dtype, value, fail) {
+  const short = dtype.slice('DATA_TYPE_'.length).toLowerCase();
+  if (dtype === 'DATA_TYPE_STRING') {
+    if (value === null || typeof value === 'object') {
+      fail('is not a string: string takes JSON strings (numbers and booleans are printed)');
+    }
+    return String(value);
+  }
+  if (dtype === 'DATA_TYPE_BOOL') {
+    if (typeof value === 'boolean') {
+      return value;
+    }
+    if (value === 0 || value === 1) {
+      return value === 1;
+    }
+    fail('is not a bool: bool takes true, false, 0 or 1');
+  }
+  if (Object.hasOwn(INT_RANGES, dtype)) {
+    const [low, high] = INT_RANGES[dtype];
+    const range = `${short} takes integers from ${low} to ${high}`;
+    let integer;
+    if (typeof value === 'number') {
+      if (!Number.isInteger(value)) {
+        fail(`is not an integer: ${range}`);
+      }
+      if (!Number.isSafeInteger(value) && dtype === 'DATA_TYPE_INT64') {
+        fail(
+          'is past 2^53 and may have been rounded: write int64 values past 2^53 as plain ' +
+            'digits or as a JSON string, e.g. "9007199254740993"',
+        );
+      }
+      integer = BigInt(value);
+    } else if (typeof value === 'bigint') {
+      integer = value;
+    } else if (typeof value === 'string' && /^-?\d+$/.test(value)) {
+      integer = BigInt(value); // a decimal string: exact at any size
+    } else {
+      fail(`is not an integer: ${range}`);
+    }
+    if (integer < low || integer > high) {
+      fail(`is out of range: ${range}`);
+    }
+    return dtype === 'DATA_TYPE_INT64' ? integer : Number(integer);
+  }
+  // FLOAT16, BFLOAT16, FLOAT32, FLOAT64.
+  let number = value;
+  if (typeof value === 'string' && Object.hasOwn(FLOAT_WORDS, value)) {
+    number = FLOAT_WORDS[value]; // as printed: "NaN", "Infinity", "-Infinity", "-0"
+  } else if (typeof value !== 'number') {
+    fail(`is not a number: ${short} takes numbers (or "NaN", "Infinity", "-Infinity", "-0")`);
+  }
+  // float16 and bfloat16 travel as float32 (float_values) too; the server rounds them.
+  const overflows = Number.isFinite(number) && !Number.isFinite(Math.fround(number));
+  if (dtype !== 'DATA_TYPE_FLOAT64' && overflows) {
+    const carrier = dtype === 'DATA_TYPE_FLOAT32' ? '' : ` (sent as float32)`;
+    fail(`is out of range: ${short}${carrier} takes finite values up to about 3.4e38`);
+  }
+  return number;
 }
 
 // "@random:1x512:7" -> shape [1, 512], seed 7 (0 when left out).
@@ -123,12 +236,17 @@ function parseGenerator(spec) {
   return { shape, values: Array.from(randomFloat32(elementCount(shape), seed)) };
 }
 
-function parseJsonArray(spec) {
+// A JSON value -> shape and flat values. With exactIntegers (int64), bare integer literals
+// are read as their digits rather than as doubles, so values past 2^53 are not rounded.
+function parseJsonArray(spec, exactIntegers = false) {
   let value;
   try {
     value = JSON.parse(spec);
   } catch (err) {
     throw new UsageError(`${JSON.stringify(spec)} is not JSON: ${err.message}`);
+  }
+  if (exactIntegers) {
+    value = JSON.parse(quoteIntegerLiterals(spec));
   }
   const shape = shapeOf(value);
   return { shape, values: shape.length === 0 ? [value] : value.flat(Infinity) };
@@ -148,6 +266,15 @@ function shapeOf(value) {
   return [value.length, ...inner];
 }
 
+// Valid JSON text with every bare integer literal (no fraction, no exponent) turned into a
+// JSON string of its digits. A token is either a whole string literal, left as it is, or a
+// number literal; true, false and null hold no digits.
+function quoteIntegerLiterals(json) {
+  return json.replace(/"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g, (token) =>
+    /^-?\d+$/.test(token) ? `"${token}"` : token,
+  );
+}
+
 function elementCount(shape) {
   return shape.reduce((product, dim) => product * dim, 1);
 }
@@ -155,7 +282,10 @@ function elementCount(shape) {
 // ---------------------------------------------------------------------------------------
 // Encoding a request tensor.
 
-function encodeTensor({ name, dtype, shape, values }, typed) {
+// values may be raw JSON values: they are checked (and put in shape) again here, so a
+// caller of this module gets the same usage errors as the command line.
+function encodeTensor({ name, dtype, shape, values: given }, typed) {
+  const values = checkValues(name, dtype, shape, given);
   const tensor = { name, dtype, shape: shape.map(String) };
   if (typed) {
     tensor.contents = { [DTYPES[dtype].field]: values.map((v) => toContentsValue(dtype, v)) };
@@ -170,7 +300,7 @@ function toContentsValue(dtype, value) {
     return Buffer.from(String(value), 'utf8');
   }
   if (dtype === 'DATA_TYPE_INT64') {
-    return String(value); // a decimal string keeps int64 values past 2^53 exact
+    return value.toString(); // a decimal string keeps int64 values past 2^53 exact
   }
   return value;
 }
@@ -180,11 +310,13 @@ function encodeRaw(dtype, values) {
   if (dtype === 'DATA_TYPE_STRING') {
     return Buffer.concat(values.map((v) => lengthPrefixed(Buffer.from(String(v), 'utf8'))));
   }
-  const { array: ArrayType, toRaw = Number, sendRaw = true } = DTYPES[dtype];
+  const { array: ArrayType, sendRaw = true } = DTYPES[dtype];
   if (!sendRaw) {
     throw new UsageError(`${dtype} inputs can only be sent as typed contents: add --typed`);
   }
-  const elements = ArrayType.from(values, toRaw);
+  // checkValues has made every value fit ArrayType, so nothing here wraps or truncates.
+  const elements =
+    dtype === 'DATA_TYPE_INT64' ? BigInt64Array.from(values) : ArrayType.from(values, Number);
   return Buffer.from(elements.buffer, elements.byteOffset, elements.byteLength);
 }
 
@@ -444,4 +576,12 @@ if (require.main === module) {
   });
 }
 
-module.exports = { mulberry32, randomFloat32, loadService, encodeTensor, decodeTensor, parseInput };
+module.exports = {
+  mulberry32,
+  randomFloat32,
+  loadService,
+  encodeTensor,
+  decodeTensor,
+  parseInput,
+  UsageError,
+};

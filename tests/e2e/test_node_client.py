@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from tensord.backends.onnxruntime import session_options
 from tensord.registry.model_config import ModelConfig
-from tests.e2e.conftest import Daemon
+from tests.e2e.conftest import Daemon, start_daemon
+from tests.models import IDENTITY_DTYPES, _save, build_identity
 from tests.tools import ROOT, require_tool
 
 pytestmark = pytest.mark.e2e
@@ -154,3 +156,139 @@ def test_request_id_is_echoed(node: Path, daemon: Daemon, tmp_path: Path) -> Non
     result = run_client(node, daemon.target, tmp_path, *args)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["request_id"] == "node-e2e-42"
+
+
+# ---------------------------------------------------------------------------------------
+# Input values are checked against the dtype: nothing is wrapped, truncated or rounded.
+
+COLON_INPUT, COLON_OUTPUT = "input_1:0", "out:0"
+
+
+@pytest.fixture(scope="module")
+def dtype_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """Identity models per integer/bool/float dtype, and one with tf2onnx-style ':' names."""
+    root = tmp_path_factory.mktemp("node-dtypes")
+    for dtype in ("bool", "uint8", "int8", "int32", "int64", "float32"):
+        build_identity(root / f"identity_{dtype}" / "1" / "model.onnx", IDENTITY_DTYPES[dtype])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [COLON_INPUT], [COLON_OUTPUT])],
+        "colon",
+        [helper.make_tensor_value_info(COLON_INPUT, TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info(COLON_OUTPUT, TensorProto.FLOAT, ["batch", 4])],
+    )
+    _save(graph, root / "colon" / "1" / "model.onnx")
+    d = start_daemon(root, tmp_path_factory.mktemp("node-dtypes-log") / "tensord.log")
+    yield d
+    if d.process.poll() is None:
+        d.process.kill()
+        d.process.wait(10)
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["raw", "typed"])
+@pytest.mark.parametrize(
+    ("dtype", "row", "shown", "why"),
+    [
+        (
+            "uint8",
+            "[300, 1, 2, 3]",
+            "300 at [0,0]",
+            "out of range: uint8 takes integers from 0 to 255",
+        ),
+        ("uint8", "[1, -1, 2, 3]", "-1 at [0,1]", "out of range: uint8"),
+        ("uint8", "[1, 2, 1.7, 3]", "1.7 at [0,2]", "not an integer: uint8"),
+        (
+            "int8",
+            "[0, 0, 0, 128]",
+            "128 at [0,3]",
+            "out of range: int8 takes integers from -128 to 127",
+        ),
+        ("int32", "[3000000000, 0, 0, 0]", "3000000000 at [0,0]", "out of range: int32"),
+        ("int32", '[0, "abc", 0, 0]', '"abc" at [0,1]', "not an integer: int32"),
+        ("int32", "[0, 0, true, 0]", "true at [0,2]", "not an integer: int32"),
+        ("int64", "[1.5, 0, 0, 0]", "1.5 at [0,0]", "not an integer: int64"),
+        ("int64", "[0, 9223372036854775808, 0, 0]", "9223372036854775808 at [0,1]", "out of range"),
+        (
+            "int64",
+            "[0, 0, 1.2345678901234567e17, 0]",
+            "123456789012345660 at [0,2]",
+            "as a JSON string",
+        ),
+        ("float32", '["abc", 0, 0, 0]', '"abc" at [0,0]', "not a number: float32"),
+        ("float32", "[0, true, 0, 0]", "true at [0,1]", "not a number: float32"),
+        ("float32", "[0, 0, null, 0]", "null at [0,2]", "not a number: float32"),
+        ("float32", "[0, 0, 0, 1e39]", "1e+39 at [0,3]", "out of range: float32"),
+        ("bool", "[true, 2, false, true]", "2 at [0,1]", "not a bool"),
+    ],
+)
+def test_a_value_the_dtype_cannot_hold_is_a_usage_error(
+    node: Path,
+    dtype_daemon: Daemon,
+    tmp_path: Path,
+    typed: bool,
+    dtype: str,
+    row: str,
+    shown: str,
+    why: str,
+) -> None:
+    flags = ["--typed"] if typed else []
+    args = ["predict", f"identity_{dtype}", "--input", f"x:{dtype}=[{row}]", *flags]
+    result = run_client(node, dtype_daemon.target, tmp_path, *args)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"usage error: --input x: {shown} "), result.stderr
+    assert why in result.stderr
+    assert "Error" not in result.stderr  # no stack trace
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["raw", "typed"])
+@pytest.mark.parametrize(
+    ("dtype", "row", "expected"),
+    [
+        ("uint8", "[0, 255, 1, 7]", [0, 255, 1, 7]),
+        ("int8", '[-128, 127, "-5", 0]', [-128, 127, -5, 0]),
+        ("int32", "[-2147483648, 2147483647, 1e3, -0]", [-2147483648, 2147483647, 1000, 0]),
+        (
+            "int64",
+            '[9007199254740993, "-9223372036854775808", 9223372036854775807, -9007199254740993]',
+            [
+                "9007199254740993",
+                "-9223372036854775808",
+                "9223372036854775807",
+                "-9007199254740993",
+            ],
+        ),
+        ("bool", "[true, false, 1, 0]", [True, False, True, False]),
+        ("float32", '[1.5, "NaN", "-0", "-Infinity"]', [1.5, "NaN", "-0", "-Infinity"]),
+    ],
+)
+def test_values_at_the_dtype_limits_round_trip_exactly(
+    node: Path,
+    dtype_daemon: Daemon,
+    tmp_path: Path,
+    typed: bool,
+    dtype: str,
+    row: str,
+    expected: list[object],
+) -> None:
+    flags = ["--typed"] if typed else []
+    args = ["predict", f"identity_{dtype}", "--input", f"x:{dtype}=[{row}]", *flags]
+    result = run_client(node, dtype_daemon.target, tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)["outputs"]["y"]
+    assert (output["dtype"], output["shape"]) == (f"DATA_TYPE_{dtype.upper()}", [1, 4])
+    assert output["values"] == expected
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["raw", "typed"])
+@pytest.mark.parametrize("suffix", ["", ":float32", ":DATA_TYPE_FLOAT32"])
+def test_input_names_may_hold_colons(
+    node: Path, dtype_daemon: Daemon, tmp_path: Path, typed: bool, suffix: str
+) -> None:
+    flags = ["--typed"] if typed else []
+    spec = f"{COLON_INPUT}{suffix}=[[1, 2.5, -3, 4]]"
+    result = run_client(
+        node, dtype_daemon.target, tmp_path, "predict", "colon", "--input", spec, *flags
+    )
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)["outputs"][COLON_OUTPUT]
+    assert (output["dtype"], output["values"]) == ("DATA_TYPE_FLOAT32", [1, 2.5, -3, 4])
