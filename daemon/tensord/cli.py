@@ -21,6 +21,15 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", choices=["auto", "json", "console"])
 
 
+# The setting each flag overrides, and the flag an error about it names.
+_FLAGS = {
+    "server.listen": "--listen",
+    "model_repository": "--model-repository",
+    "server.log_level": "--log-level",
+    "server.log_format": "--log-format",
+}
+
+
 def _config_from(args: argparse.Namespace) -> Any:
     import os
 
@@ -29,12 +38,8 @@ def _config_from(args: argparse.Namespace) -> Any:
     )
     return load_config(
         path,
-        overrides={
-            "server.listen": args.listen,
-            "model_repository": args.model_repository,
-            "server.log_level": args.log_level,
-            "server.log_format": args.log_format,
-        },
+        overrides={key: getattr(args, flag[2:].replace("-", "_")) for key, flag in _FLAGS.items()},
+        override_names=_FLAGS,
     )
 
 
@@ -67,7 +72,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     config = _config_from(args)
     problems = [
-        f"{src.name} v{src.version}: {src.error}"
+        f"{src.name if src.whole_model else f'{src.name} v{src.version}'}: {src.error}"
         for src in scan_repository(config.model_repository)
         if src.error
     ]

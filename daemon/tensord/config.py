@@ -24,11 +24,19 @@ from tensord.errors import ConfigError
 
 ENV_PREFIX = "TENSORD_"
 
+MAX_DRAIN_SECONDS = 3600.0
+"""Upper bound of drain_grace_seconds and drain_delay_seconds (an hour): a stop that
+waits longer is a stop that hangs."""
+MAX_TRANSPORT_SECONDS = 7 * 24 * 3600.0
+"""Upper bound of the keepalive and connection-age durations (a week): gRPC takes them
+as 32-bit milliseconds (at most about 24 days)."""
+
 
 class ServerSettings(BaseModel):
     """The `[server]` table."""
 
-    model_config = ConfigDict(extra="forbid")
+    # inf and nan never make sense for a duration, and would crash the gRPC server.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     listen: str = "127.0.0.1:50051"
     """Address to listen on, HOST:PORT (IPv6 as [::1]:PORT); port 0 picks a free port."""
@@ -36,12 +44,13 @@ class ServerSettings(BaseModel):
     """Largest request message accepted; larger ones get RESOURCE_EXHAUSTED."""
     max_send_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     """Largest response message sent."""
-    drain_grace_seconds: float = Field(default=30.0, ge=0)
-    """On SIGTERM, how long in-flight calls get to finish before they are cancelled."""
-    drain_delay_seconds: float = Field(default=0.0, ge=0)
+    drain_grace_seconds: float = Field(default=30.0, ge=0, le=MAX_DRAIN_SECONDS)
+    """On SIGTERM, how long in-flight calls get to finish before they are cancelled
+    (at most 3600)."""
+    drain_delay_seconds: float = Field(default=0.0, ge=0, le=MAX_DRAIN_SECONDS)
     """On SIGTERM, how long health reports NOT_SERVING (and new calls get UNAVAILABLE, which
     clients retry elsewhere) before the server stops taking calls: time for load balancers
-    and health-checking clients to move away. 1-5 s behind a load balancer."""
+    and health-checking clients to move away. 1-5 s behind a load balancer (at most 3600)."""
     log_format: Literal["auto", "json", "console"] = "auto"
     """`json` lines, `console` key=value, or `auto`: console on a terminal, else JSON."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -58,17 +67,20 @@ class ServerSettings(BaseModel):
     max_concurrent_streams: int = Field(default=0, ge=0)
     """Calls one HTTP/2 connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS);
     further calls wait on the client. 0: gRPC's default (no limit)."""
-    keepalive_time_seconds: float = Field(default=60.0, gt=0)
-    """How long a connection may be idle before the server pings the client."""
-    keepalive_timeout_seconds: float = Field(default=20.0, gt=0)
+    keepalive_time_seconds: float = Field(default=60.0, gt=0, le=MAX_TRANSPORT_SECONDS)
+    """How long a connection may be idle before the server pings the client (at most a
+    week, 604800, like every keepalive and connection-age duration)."""
+    keepalive_timeout_seconds: float = Field(default=20.0, gt=0, le=MAX_TRANSPORT_SECONDS)
     """How long the server waits for a ping's answer before it closes the connection."""
-    keepalive_min_client_interval_seconds: float = Field(default=10.0, ge=0)
+    keepalive_min_client_interval_seconds: float = Field(
+        default=10.0, ge=0, le=MAX_TRANSPORT_SECONDS
+    )
     """Shortest interval between client pings the server tolerates (clients that ping more
     often are sent GOAWAY); clients may ping on idle connections too."""
-    max_connection_age_seconds: float = Field(default=0.0, ge=0)
+    max_connection_age_seconds: float = Field(default=0.0, ge=0, le=MAX_TRANSPORT_SECONDS)
     """Close each connection (GOAWAY, ±10% jitter) after this long, so clients behind a load
     balancer reconnect and spread over new instances; 0: connections live on."""
-    max_connection_age_grace_seconds: float = Field(default=0.0, ge=0)
+    max_connection_age_grace_seconds: float = Field(default=0.0, ge=0, le=MAX_TRANSPORT_SECONDS)
     """After max_connection_age, how long calls in progress may still run before the
     connection is closed; 0: as long as they need."""
 
@@ -103,6 +115,14 @@ class TensordConfig(BaseModel):
     tracing: TracingSettings = TracingSettings()
     """OpenTelemetry tracing."""
 
+    @field_validator("model_repository", "cache_directory", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        # Path("") is the working directory: an empty setting is a mistake, not a choice.
+        if isinstance(value, str) and not value.strip():
+            raise ValueError(f"expected a directory path, got {value!r}")
+        return value
+
 
 # Settings holding paths: relative ones in the file are relative to the file.
 _PATH_KEYS = (
@@ -120,36 +140,32 @@ def load_config(
     *,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    override_names: Mapping[str, str] | None = None,
 ) -> TensordConfig:
     """Read the file (if any), apply TENSORD_* variables, then explicit overrides.
 
-    Override keys are dotted paths such as ``server.listen`` or ``model_repository``.
+    Override keys are dotted paths such as ``server.listen`` or ``model_repository``;
+    `override_names` says where each came from (a flag such as ``--listen``), so that an
+    error names it rather than the file.
     """
     data: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     if path is not None:
-        try:
-            data = tomllib.loads(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"config {path}: cannot read: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
-        # A relative directory in the file is relative to the file; from a flag or
-        # variable, to the working directory.
-        for key in _PATH_KEYS:
-            table, _, leaf = key.rpartition(".")
-            node = data.get(table, {}) if table else data
-            value = node.get(leaf) if isinstance(node, dict) else None
-            if isinstance(value, str) and value and not Path(value).is_absolute():
-                node[leaf] = str(path.parent / value)
-    for key, value in _env_overrides(os.environ if env is None else env).items():
-        _set_dotted(data, key, value)
+        data = _read_file(path)
+    keys = env_keys()
+    for variable, value in (os.environ if env is None else env).items():
+        if variable in keys:
+            _set_dotted(data, keys[variable], value)
+            origins[keys[variable]] = variable
     for key, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(data, key, value)
+            origins[key] = (override_names or {}).get(key, f"override {key}")
     try:
         config = TensordConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(path or "(defaults)"))) from None
+        file = str(path) if path is not None else "(defaults)"
+        raise ConfigError(format_validation_error(exc, file, origins)) from None
     config.model_repository = config.model_repository.resolve()
     config.cache_directory = config.cache_directory.resolve()
     for section in (config.tls, config.auth):
@@ -157,6 +173,29 @@ def load_config(
             if isinstance(value, Path):
                 setattr(section, name, value.resolve())
     return config
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """The file's tables, with relative paths made relative to the file."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config {path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config {path}: not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files are UTF-8"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
+    # A relative directory in the file is relative to the file; from a flag or
+    # variable, to the working directory.
+    for key in _PATH_KEYS:
+        table, _, leaf = key.rpartition(".")
+        node = data.get(table, {}) if table else data
+        value = node.get(leaf) if isinstance(node, dict) else None
+        if isinstance(value, str) and value.strip() and not Path(value).is_absolute():
+            node[leaf] = str(path.parent / value)
+    return data
 
 
 def env_keys() -> dict[str, str]:
@@ -176,11 +215,6 @@ def env_keys() -> dict[str, str]:
     return keys
 
 
-def _env_overrides(env: Mapping[str, str]) -> dict[str, str]:
-    keys = env_keys()
-    return {keys[k]: v for k, v in env.items() if k in keys}
-
-
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     *parents, leaf = key.split(".")
     node = data
@@ -192,15 +226,42 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line per problem: the field's dotted path, what was wrong, what was given."""
-    lines = [f"{source}: {exc.error_count()} invalid setting(s)"]
+def format_validation_error(
+    exc: ValidationError, source: str, origins: Mapping[str, str] | None = None
+) -> str:
+    """One line per problem: the field's dotted path, what was wrong, what was given.
+
+    `source` is the file; `origins` maps dotted keys set elsewhere (a TENSORD_* variable,
+    a flag) to their name, so a problem is blamed on where its value came from.
+    """
+    problems = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see the README's configuration reference)"
-        given = err.get("input")
-        suffix = "" if err["type"] in ("missing", "extra_forbidden") else f" (got {given!r})"
-        lines.append(f"  {loc}: {msg}{suffix}")
+        problems.append((loc, _origin(err["loc"], origins or {}, source), _describe(err)))
+    where = list(dict.fromkeys(origin for _, origin, _ in problems))
+    lines = [f"{', '.join(where)}: {exc.error_count()} invalid setting(s)"]
+    for loc, origin, text in problems:
+        named = f"{loc} (from {origin})" if len(where) > 1 else loc
+        lines.append(f"  {named}: {text}")
     return "\n".join(lines)
+
+
+def _origin(loc: tuple[int | str, ...], origins: Mapping[str, str], source: str) -> str:
+    """Where the value at `loc` came from: the longest dotted prefix that was set apart."""
+    parts = [str(p) for p in loc]
+    for end in range(len(parts), 0, -1):
+        origin = origins.get(".".join(parts[:end]))
+        if origin is not None:
+            return origin
+    return source
+
+
+def _describe(err: Any) -> str:
+    """The message, then the value given unless the message already shows it."""
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        return "unknown key (check the spelling; see the README's configuration reference)"
+    given = err.get("input")
+    if kind == "missing" or isinstance(given, dict) or f"got {given!r}" in msg:
+        return msg
+    return f"{msg} (got {given!r})"

@@ -73,7 +73,7 @@ class AuthSettings(BaseModel):
     token, so load balancers and probes need none."""
     open_reflection: bool = False
     """Server reflection answers without a token (it describes the API, never data)."""
-    rate_per_second: float = Field(default=0.0, ge=0)
+    rate_per_second: float = Field(default=0.0, ge=0, le=1e9, allow_inf_nan=False)
     """Requests per second each token may make, unless its entry sets its own; 0: no limit.
     Beyond it, RESOURCE_EXHAUSTED with the time to wait."""
     burst: int = Field(default=0, ge=0)

@@ -18,10 +18,15 @@ def inspect_model(path: Path) -> dict[str, Any]:
 
     if not path.is_file():
         raise ModelLoadError(f"{path} does not exist or is not a file")
+    if path.stat().st_size == 0:
+        raise ModelLoadError(f"{path} is empty (0 bytes), not an ONNX model")
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
         raise ModelLoadError(f"{path} is not a readable ONNX model: {exc}") from None
+    # Protobuf parses many byte strings as a message with no fields; a model has a graph.
+    if not proto.HasField("graph") or not proto.opset_import:
+        raise ModelLoadError(f"{path} is not an ONNX model: it holds no graph or no opset")
     runnable, unrunnable = [], {}
     signature: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}
     for provider in available_providers():

@@ -248,3 +248,95 @@ def test_a_failed_model_is_retried_and_a_missing_repository_changes_nothing(
     assert "is not a directory" in third.models_error
     assert server.server.registry.names() == ["broken", "gone", "mlp", "swap"]
     moved.rename(repo)
+
+
+def test_a_model_toml_that_no_longer_reads_keeps_every_served_version(
+    server: ServerThread, repo: Path
+) -> None:
+    assert server.server is not None
+    registry = server.server.registry
+    shutil.copytree(repo / "mlp" / "1", repo / "mlp" / "2")
+    build_identity(repo / "ident_dir" / "1" / "model.onnx", TensorProto.INT32)
+    (repo / "ident_dir" / "model.toml").write_text('name = "ident"\n')
+    first = server.call(server.server.reload())
+    assert first.ok and first.models is not None
+    assert first.models.added == ["ident v1", "mlp v2"]
+    mlp_toml = (repo / "mlp" / "model.toml").read_bytes()
+
+    # Three ways for model.toml to stop reading: not UTF-8, not TOML, not a file.
+    (repo / "mlp" / "model.toml").write_bytes(mlp_toml + b"# caf\xe9\n")
+    (repo / "ident_dir" / "model.toml").write_text("name = [\n")
+    (repo / "swap" / "model.toml").unlink()
+    (repo / "swap" / "model.toml").mkdir()
+    result = server.call(server.server.reload())
+    assert not result.ok and result.models is not None
+    assert sorted(result.models.failed) == ["ident v1", "mlp v1", "mlp v2", "swap v1"]
+    assert result.models.removed == result.models.added == result.models.changed == []
+    assert {(mv.name, mv.version, mv.state) for mv in registry.versions()} == {
+        ("gone", 1, ModelState.READY),
+        ("ident", 1, ModelState.READY),
+        ("mlp", 1, ModelState.READY),
+        ("mlp", 2, ModelState.READY),
+        ("swap", 1, ModelState.READY),
+    }
+    with Client(server.target, timeout=10, retries=0) as client:
+        x = np.full((1, 512), 0.25, np.float32)
+        assert client.predict("mlp", {"input": x}, version=2)["output"].shape[0] == 1
+        y = client.predict("ident", {"x": np.array([[7, 8, 9, 10]], np.int32)})["y"]
+        assert y.tolist() == [[7, 8, 9, 10]]
+
+    # Repaired: nothing to load again (the files and settings are those served).
+    (repo / "mlp" / "model.toml").write_bytes(mlp_toml)
+    (repo / "ident_dir" / "model.toml").write_text('name = "ident"\n')
+    (repo / "swap" / "model.toml").rmdir()
+    (repo / "swap" / "model.toml").write_text("max_batch_size = 16\ninstance_count = 1\n")
+    fixed = server.call(server.server.reload())
+    assert fixed.ok and fixed.models is not None
+    assert fixed.models.unchanged == 5 and fixed.models.failed == []
+
+
+def test_start_up_fails_only_unusable_directories(demo_repo: Path, tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    shutil.copytree(demo_repo / "mlp", root / "mlp")
+    shutil.copytree(demo_repo / "mlp", root / "mlp_copy")
+    (root / "mlp_copy" / "model.toml").write_text('name = "mlp"\nmax_batch_size = 64\n')
+    shutil.copytree(demo_repo / "mlp", root / "latin1")
+    (root / "latin1" / "model.toml").write_bytes(b"max_batch_size = 64 # caf\xe9\n")
+    build_identity(root / "ident" / "1" / "model.onnx", TensorProto.INT32)
+    build_identity(root / "ident" / "01" / "model.onnx", TensorProto.INT32)
+    build_identity(root / "ident" / "0" / "model.onnx", TensorProto.INT32)
+    build_identity(root / "ident" / "2" / "model.onnx", TensorProto.INT32)
+    config = load_config(
+        None, env={}, overrides={"model_repository": str(root), "server.listen": "127.0.0.1:0"}
+    )
+    srv = ServerThread(config).start()
+    try:
+        assert srv.server is not None
+        registry = srv.server.registry
+        states = {(mv.name, mv.version): mv for mv in registry.versions()}
+        assert {k: mv.state for k, mv in states.items()} == {
+            ("ident", 0): ModelState.FAILED,
+            ("ident", 1): ModelState.FAILED,
+            ("ident", 2): ModelState.READY,
+            ("latin1", 1): ModelState.FAILED,
+            ("mlp", 1): ModelState.FAILED,
+        }
+        assert states[("mlp", 1)].reason == (
+            f"model name 'mlp' is claimed by 2 directories: {root}/mlp and {root}/mlp_copy; "
+            "give each its own name (name = ... in model.toml)"
+        )
+        assert "not UTF-8 text" in states[("latin1", 1)].reason
+        assert states[("ident", 1)].reason.endswith(
+            "01/ and 1/ are both version 1; keep one of them"
+        )
+        assert "versions are numbered from 1" in states[("ident", 0)].reason
+        with Client(srv.target, timeout=10, retries=0) as client:
+            y = client.predict("ident", {"x": np.array([[1, 2, 3, 4]], np.int32)})["y"]
+            assert y.tolist() == [[1, 2, 3, 4]]
+        # Nothing swaps between reloads: the same entries stay failed.
+        again = srv.call(srv.server.reload())
+        assert again.models is not None and again.models.changed == []
+        assert sorted(again.models.failed) == ["ident v0", "ident v1", "latin1 v1", "mlp v1"]
+        assert registry.get("ident").version == 2
+    finally:
+        srv.stop()

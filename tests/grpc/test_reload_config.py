@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from tensord.config import TensordConfig, load_config
+from tensord.server.notify import SystemdNotifier
 from tests.conftest import ServerThread
+from tests.notify_socket import NotifyListener
 
 
 @pytest.fixture
@@ -104,3 +106,70 @@ def test_hooks_run_with_the_new_config_and_a_failing_one_stops_nothing(
     assert result.models is not None
     assert result.models.added == ["mlp2 v1"] and result.models.removed == ["mlp v1"]
     assert server.server.config.model_repository == tmp_path / "models2"
+
+
+def test_every_setting_a_reload_cannot_apply_is_reported(
+    server: ServerThread, config_file: Path
+) -> None:
+    assert server.server is not None
+    config_file.write_text(
+        'model_repository = "models"\n'
+        '[server]\nlisten = "127.0.0.1:0"\ndrain_grace_seconds = 5.0\n'
+        "keepalive_time_seconds = 30\nmax_concurrent_streams = 8\n"
+        '[metrics]\nlisten = "127.0.0.1:0"\n[tracing]\nenabled = true\n'
+        "[limits]\nmax_generate_streams = 3\nmax_prompt_tokens = 50\n"
+        '[auth]\ntoken_file = "tokens.toml"\n'
+    )
+    result = server.call(server.server.reload())
+    assert result.ok, result
+    assert result.ignored == {
+        "auth": ("off", "tokens"),
+        "server.keepalive_time_seconds": (60.0, 30.0),
+        "server.max_concurrent_streams": (0, 8),
+        "metrics.listen": ("", "127.0.0.1:0"),
+        "tracing.enabled": (False, True),
+        "limits.max_generate_streams": (0, 3),
+    }
+    config = server.server.config
+    assert config.auth.token_file is None and not config.tracing.enabled
+    assert config.limits.max_prompt_tokens == 50  # applied
+    assert server.server.dataplane.max_prompt_tokens == 50
+
+
+def test_a_reload_always_finishes_its_notification(config_file: Path, tmp_path: Path) -> None:
+    listener = NotifyListener()
+    calls: list[int] = []
+
+    def loader() -> TensordConfig:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the disk went away")
+        return load_config(config_file, env={})
+
+    srv = ServerThread(loader(), config_loader=loader)
+    srv.start()
+    try:
+        assert srv.server is not None
+        srv.server.notifier = SystemdNotifier({"NOTIFY_SOCKET": listener.address})
+        # An unexpected error from the config loader: the running config stays.
+        first = srv.call(srv.server.reload())
+        assert first.config_error == "RuntimeError('the disk went away')"
+        # A model.toml that is a directory, and a config file that is not UTF-8.
+        shutil.copytree(tmp_path / "models" / "mlp", tmp_path / "models" / "other")
+        (tmp_path / "models" / "other" / "model.toml").unlink()
+        (tmp_path / "models" / "other" / "model.toml").mkdir()
+        second = srv.call(srv.server.reload())
+        assert second.models is not None and second.models.failed == ["other v1"]
+        assert "model.toml: is a directory" in srv.server.registry.get_versions("other")[0].reason
+        config_file.write_bytes(b'model_repository = "caf\xe9"\n')
+        third = srv.call(srv.server.reload())
+        assert "not UTF-8 text" in third.config_error
+        got = [listener.receive(5) for _ in range(6)]
+    finally:
+        srv.stop()
+        listener.close()
+    assert [m is not None and ("RELOADING" in m, m.get("READY")) for m in got] == [
+        (True, None),
+        (False, "1"),
+    ] * 3
+    assert all(m is not None and "last reload had errors" in m["STATUS"] for m in got[1::2])

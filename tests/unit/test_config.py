@@ -183,3 +183,87 @@ def test_security_settings_errors(tmp_path: Path) -> None:
     assert "metrics.listen: Value error, expected HOST:PORT such as 127.0.0.1:50051" in text
     assert "auth.rate_per_second: Input should be greater than or equal to 0 (got -1)" in text
     assert "tracing.sample_ratio: Input should be less than or equal to 1 (got 2)" in text
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("keepalive_time_seconds = inf", "server.keepalive_time_seconds: Input should be a finite"),
+        ("keepalive_timeout_seconds = nan", "server.keepalive_timeout_seconds: Input should be a"),
+        (
+            "max_connection_age_seconds = 1e300",
+            "server.max_connection_age_seconds: Input should be less than or equal to 604800",
+        ),
+        (
+            "max_connection_age_grace_seconds = 604801",
+            "server.max_connection_age_grace_seconds: Input should be less than or equal to",
+        ),
+        ("drain_grace_seconds = inf", "server.drain_grace_seconds: Input should be a finite"),
+        (
+            "drain_delay_seconds = 3601",
+            "server.drain_delay_seconds: Input should be less than or equal to 3600",
+        ),
+    ],
+)
+def test_durations_are_finite_and_bounded(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(f"[server]\n{line}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert message in str(info.value)
+    path.write_text("[server]\nkeepalive_time_seconds = 604800\ndrain_grace_seconds = 3600\n")
+    assert load_config(path, env={}).server.keepalive_time_seconds == 604800
+
+
+def test_a_bad_value_names_the_variable_or_flag_it_came_from(tmp_path: Path) -> None:
+    path = tmp_path / "base.toml"
+    path.write_text('[server]\nlisten = "127.0.0.1:1"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={"TENSORD_SERVER_DRAIN_GRACE_SECONDS": "abc"})
+    assert str(info.value) == (
+        "TENSORD_SERVER_DRAIN_GRACE_SECONDS: 1 invalid setting(s)\n"
+        "  server.drain_grace_seconds: Input should be a valid number, unable to parse string "
+        "as a number (got 'abc')"
+    )
+    path.write_text('[server]\nlog_level = "loud"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            path,
+            env={},
+            overrides={"server.listen": "nowhere"},
+            override_names={"server.listen": "--listen"},
+        )
+    assert str(info.value) == (
+        f"--listen, {path}: 2 invalid setting(s)\n"
+        "  server.listen (from --listen): Value error, expected HOST:PORT such as "
+        "127.0.0.1:50051, got 'nowhere'\n"
+        f"  server.log_level (from {path}): Input should be 'debug', 'info', 'warning' or "
+        "'error' (got 'loud')"
+    )
+
+
+def test_an_empty_directory_setting_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text('model_repository = ""\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value) == (
+        f"{path}: 1 invalid setting(s)\n"
+        "  model_repository: Value error, expected a directory path, got ''"
+    )
+    with pytest.raises(ConfigError, match="TENSORD_MODEL_REPOSITORY: 1 invalid setting"):
+        load_config(None, env={"TENSORD_MODEL_REPOSITORY": ""})
+    with pytest.raises(ConfigError, match="cache_directory: Value error, expected a directory"):
+        load_config(None, env={"TENSORD_CACHE_DIRECTORY": " "})
+
+
+def test_a_config_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_bytes(b"\xff\xfe = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value) == (
+        f"config {path}: not UTF-8 text (byte 0: invalid start byte); TOML files are UTF-8"
+    )
+    with pytest.raises(ConfigError, match="cannot read: Is a directory"):
+        load_config(tmp_path, env={})

@@ -88,3 +88,51 @@ def test_batching_needs_a_dynamic_first_dimension() -> None:
         ModelLoadError, match="needs a dynamic first \\(batch\\) dimension, but 'f'"
     ):
         check_batching(ModelConfig(max_batch_size=4), [TensorSpec("f", DType.FLOAT32, (3, 2))])
+
+
+def test_an_unreadable_model_toml_fails_only_that_model(tmp_path: Path) -> None:
+    touch(tmp_path / "good" / "1" / "model.onnx")
+    touch(tmp_path / "latin1" / "1" / "model.onnx")
+    (tmp_path / "latin1" / "model.toml").write_bytes(b'name = "caf\xe9"\n')
+    touch(tmp_path / "dir" / "1" / "model.onnx")
+    (tmp_path / "dir" / "model.toml").mkdir()
+    found = {s.name: s for s in scan_repository(tmp_path)}
+    assert sorted(found) == ["dir", "good", "latin1"]
+    assert found["good"].error == "" and not found["good"].whole_model
+    latin1 = found["latin1"]
+    assert latin1.error == (
+        f"{tmp_path}/latin1/model.toml: not UTF-8 text (byte 11: invalid continuation byte); "
+        "TOML files are UTF-8"
+    )
+    assert latin1.whole_model and latin1.model_dir == tmp_path / "latin1"
+    assert found["dir"].error == f"{tmp_path}/dir/model.toml: is a directory; expected a TOML file"
+    assert found["dir"].whole_model
+
+
+def test_version_directories_are_ascii_numbers_from_1(tmp_path: Path) -> None:
+    for name in ("²", "1x", "0", "2", "02", "3", "004"):
+        touch(tmp_path / "m" / name / "model.onnx")
+    found = {s.version: s for s in scan_repository(tmp_path)}
+    assert sorted(found) == [0, 2, 3, 4]
+    assert found[0].error == (
+        f"{tmp_path}/m: 0/ is not served: versions are numbered from 1 (version 0 in a "
+        "request means the newest ready version); rename it"
+    )
+    assert found[2].error == f"{tmp_path}/m: 02/ and 2/ are both version 2; keep one of them"
+    assert found[3].error == "" and found[3].path == tmp_path / "m" / "3" / "model.onnx"
+    assert found[4].error == "" and found[4].path == tmp_path / "m" / "004" / "model.onnx"
+
+
+def test_two_directories_with_one_name_both_fail(tmp_path: Path) -> None:
+    touch(tmp_path / "a" / "1" / "model.onnx")
+    touch(tmp_path / "a" / "model.toml", 'name = "mlp"\n')
+    touch(tmp_path / "b" / "1" / "model.onnx")
+    touch(tmp_path / "b" / "2" / "model.onnx")
+    touch(tmp_path / "b" / "model.toml", 'name = "mlp"\n')
+    touch(tmp_path / "c" / "1" / "model.onnx")
+    found = [(s.name, s.version, s.error) for s in scan_repository(tmp_path)]
+    reason = (
+        f"model name 'mlp' is claimed by 2 directories: {tmp_path}/a and {tmp_path}/b; "
+        "give each its own name (name = ... in model.toml)"
+    )
+    assert found == [("c", 1, ""), ("mlp", 1, reason), ("mlp", 2, reason)]

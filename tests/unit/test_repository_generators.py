@@ -135,6 +135,41 @@ def test_bad_generator_settings(tmp_path: Path, toml: str, message: str) -> None
     assert message in source.error
 
 
+def test_predict_settings_on_a_generator_are_refused(tmp_path: Path) -> None:
+    generator(tmp_path / "detected")  # recognised from its files
+    touch(
+        tmp_path / "detected" / "model.toml",
+        'max_batch_size = 8\ninstance_count = 4\nbackend = "tensorrt"\n'
+        '[postprocess]\nkind = "topk"\nk = 3\n',
+    )
+    generator(tmp_path / "named" / "1")
+    touch(tmp_path / "named" / "model.toml", 'kind = "generator"\nintra_op_threads = 4\n')
+    generator(tmp_path / "fine")  # settings a generator uses, and defaults spelled out
+    touch(
+        tmp_path / "fine" / "model.toml",
+        'backend = "onnxruntime"\nmax_batch_size = 0\nwarmup = false\n[generator]\n',
+    )
+    found = scan(tmp_path)
+    detected = found[("detected", 1)]
+    assert detected.whole_model and detected.kind == "generator"
+    assert detected.error == (
+        f"{tmp_path}/detected/model.toml: "
+        "backend is not used by a generator (a generator runs on ONNX Runtime; backend = "
+        '"tensorrt" is for predict models); '
+        "instance_count is not used by a generator (a generator runs one engine; "
+        "generator.max_num_seqs bounds its sequences); "
+        "max_batch_size is not used by a generator (a generator batches continuously; its "
+        "limits are in [generator]); "
+        "[postprocess] is not used by a generator (pre- and postprocessing are for predict "
+        "models)"
+    )
+    assert found[("named", 1)].error == (
+        f"{tmp_path}/named/model.toml: intra_op_threads is not used by a generator (set "
+        "generator.intra_op_threads instead)"
+    )
+    assert found[("fine", 1)].error == ""
+
+
 def test_resolve_defaults() -> None:
     # The demo generator: 4 layers x 2 KV heads x 64 x float32, keys and values.
     limits = GeneratorConfig().resolve(context_length=2048, kv_bytes_per_token=4096)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tensord.registry.repository import VersionSource
@@ -19,6 +20,9 @@ class ReloadPlan:
     added: list[VersionSource] = field(default_factory=list)
     changed: list[tuple[VersionSource, ModelVersion]] = field(default_factory=list)
     removed: list[ModelVersion] = field(default_factory=list)
+    kept: list[tuple[ModelVersion, str]] = field(default_factory=list)
+    """Served versions of a directory that could not be scanned as a whole (its model.toml
+    does not read, say), with the reason: they serve on as they are."""
     unchanged: int = 0
 
 
@@ -30,7 +34,8 @@ class RepositoryChanges:
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    """New or changed versions that did not load (a changed one keeps its old version)."""
+    """New or changed versions that did not load (a changed one keeps its old version),
+    and the versions kept because their directory could not be scanned."""
     unchanged: int = 0
 
 
@@ -55,10 +60,39 @@ def needs_reload(src: VersionSource, entry: ModelVersion) -> bool:
 def plan_reload(
     served: Mapping[str, Mapping[int, ModelVersion]], sources: Iterable[VersionSource]
 ) -> ReloadPlan:
-    """Sort every version on disk and every served version into the plan."""
+    """Sort every version on disk and every served version into the plan.
+
+    A directory that could not be scanned as a whole (a whole-model entry) says nothing of
+    which versions it holds: the versions it serves are kept, under their served names,
+    while one of them is READY; otherwise its entry replaces them like any failed version.
+    """
+    from tensord.registry.registry import ModelState
+
+    sources = list(sources)
+    broken = {src.model_dir: src for src in sources if src.whole_model}
+    by_dir: dict[Path | None, list[ModelVersion]] = {}
+    for versions in served.values():
+        for mv in versions.values():
+            if mv.model_dir in broken:
+                by_dir.setdefault(mv.model_dir, []).append(mv)
     plan = ReloadPlan()
-    seen: set[tuple[str, int]] = set()
+    kept: dict[tuple[str, int], Path | None] = {}
+    for directory, entries in by_dir.items():
+        if any(mv.state is ModelState.READY for mv in entries):
+            reason = broken.pop(directory).error
+            plan.kept.extend((mv, reason) for mv in entries)
+            kept.update(((mv.name, mv.version), directory) for mv in entries)
+    seen = set(kept)
     for src in sources:
+        if src.whole_model and src.model_dir not in broken:
+            continue  # its served versions are kept
+        if (src.name, src.version) in kept:  # another directory now claims a kept name
+            owner = kept[(src.name, src.version)]
+            src = replace(
+                src,
+                error=f"model name {src.name!r} is also served from {owner}, kept while its "
+                "directory cannot be scanned; give each its own name",
+            )
         seen.add((src.name, src.version))
         entry = served.get(src.name, {}).get(src.version)
         if entry is None:

@@ -216,12 +216,45 @@ class ModelConfig(BaseModel):
 def read_model_config(model_dir: Path) -> ModelConfig:
     """The directory's model.toml, or the defaults when it has none."""
     path = model_dir / MODEL_TOML
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return ModelConfig()
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
         return ModelConfig.model_validate(data)
+    except IsADirectoryError:
+        raise ModelLoadError(f"{path}: is a directory; expected a TOML file") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files are UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ModelLoadError(f"{path}: not valid TOML: {exc}") from None
     except ValidationError as exc:
         raise ModelLoadError(format_validation_error(exc, str(path))) from None
+
+
+# Keys a generator does not use, and what to do instead.
+_PREDICT_ONLY_KEYS = {
+    "backend": 'a generator runs on ONNX Runtime; backend = "tensorrt" is for predict models',
+    "instance_count": "a generator runs one engine; generator.max_num_seqs bounds its sequences",
+    "max_batch_size": "a generator batches continuously; its limits are in [generator]",
+    "dynamic_batching": "a generator batches continuously; its limits are in [generator]",
+    "intra_op_threads": "set generator.intra_op_threads instead",
+    "inputs": "a generator takes prompts and streams tokens; its tensors are not overridden",
+    "outputs": "a generator takes prompts and streams tokens; its tensors are not overridden",
+    "preprocess": "pre- and postprocessing are for predict models",
+    "postprocess": "pre- and postprocessing are for predict models",
+}
+
+
+def generator_key_problems(config: ModelConfig) -> list[str]:
+    """The predict-only keys that `config` (a generator's) sets, each with what to do."""
+    problems = []
+    for key, hint in _PREDICT_ONLY_KEYS.items():
+        default = ModelConfig.model_fields[key].get_default(call_default_factory=True)
+        if key in config.model_fields_set and getattr(config, key) != default:
+            shown = f"[{key}]" if key in ("dynamic_batching", "preprocess", "postprocess") else key
+            problems.append(f"{shown} is not used by a generator ({hint})")
+    return problems

@@ -68,6 +68,8 @@ class ModelVersion:
     """The version's files when it was loaded (a reload compares them)."""
     inflight: InflightCounter = field(default_factory=InflightCounter)
     """Requests running on it; it is freed only once they finish."""
+    model_dir: Path | None = None
+    """The model's directory in the repository (a reload keeps what a broken one serves)."""
 
     @property
     def kind(self) -> str:
@@ -77,7 +79,14 @@ class ModelVersion:
     @classmethod
     def from_source(cls, src: VersionSource) -> ModelVersion:
         """A LOADING entry for a version found on disk."""
-        return cls(src.name, src.version, src.path, src.config, fingerprint=src.fingerprint)
+        return cls(
+            src.name,
+            src.version,
+            src.path,
+            src.config,
+            fingerprint=src.fingerprint,
+            model_dir=src.model_dir,
+        )
 
 
 BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
@@ -169,6 +178,15 @@ class ModelRegistry:
         added = [ModelVersion.from_source(src) for src in plan.added]
         for entry in added:
             self._models.setdefault(entry.name, {})[entry.version] = entry
+        for entry, reason in plan.kept:
+            log.error(
+                "model.reload_failed",
+                model=entry.name,
+                version=entry.version,
+                reason=reason,
+                kept="the version loaded before",
+            )
+            changes.failed.append(label(entry.name, entry.version))
         for entry in plan.removed:
             entry.state = ModelState.UNLOADING
             changes.removed.append(label(entry.name, entry.version))

@@ -14,12 +14,18 @@ repository/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tensord.errors import ModelLoadError
 from tensord.registry.generator_config import GeneratorConfig
-from tensord.registry.model_config import ModelConfig, ModelKind, read_model_config
+from tensord.registry.model_config import (
+    MODEL_TOML,
+    ModelConfig,
+    ModelKind,
+    generator_key_problems,
+    read_model_config,
+)
 
 # Beside the model file, these make a directory a generator (tensord.generate.model_dir).
 GENERATOR_MARKERS = ("config.json", "tokenizer.json")
@@ -59,6 +65,12 @@ class VersionSource:
     error: str = ""
     fingerprint: Fingerprint = field(default=(), compare=False)
     """Every file of the version: (relative path, size, mtime_ns, inode); see fingerprint()."""
+    model_dir: Path | None = field(default=None, compare=False)
+    """The model's directory in the repository."""
+    whole_model: bool = field(default=False, compare=False)
+    """The model's directory could not be used as a whole (its model.toml does not read,
+    say): this entry stands for every version of it, whose names and numbers are unknown.
+    A reload keeps the versions of that directory it serves."""
 
     @property
     def kind(self) -> ModelKind:
@@ -75,49 +87,126 @@ def scan_repository(root: Path) -> list[VersionSource]:
     """Every model version under `root`, sorted by name then version.
 
     A broken model directory yields entries that carry its error, so it is reported
-    as FAILED while the others load.
+    as FAILED while the others load; so do two directories that claim the same name.
     """
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a directory")
+    try:
+        model_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError as exc:
+        raise ModelLoadError(f"model repository {root}: cannot list: {exc}") from None
     found: list[VersionSource] = []
-    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for model_dir in model_dirs:
         found.extend(_scan_model(model_dir))
-    return found
+    found = _refuse_shared_names(found)
+    return sorted(found, key=lambda src: (src.name, src.version))
 
 
 def _scan_model(model_dir: Path) -> list[VersionSource]:
+    """The versions of one model directory; one whole-model entry if it cannot be used."""
     try:
         config = read_model_config(model_dir)
     except ModelLoadError as exc:
-        return [VersionSource(model_dir.name, 1, model_dir, ModelConfig(), str(exc))]
+        return [_whole_model_failure(model_dir, model_dir.name, ModelConfig(), str(exc))]
     name = config.name or model_dir.name
-    on_disk = {int(p.name): p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()}
-    if not on_disk and (model_dir / config.model_file).exists():
+    try:
+        return _scan_versions(model_dir, name, config)
+    except OSError as exc:
+        reason = f"{model_dir}: cannot read: {exc}"
+        return [_whole_model_failure(model_dir, name, config, reason)]
+
+
+def _whole_model_failure(
+    model_dir: Path, name: str, config: ModelConfig, reason: str
+) -> VersionSource:
+    return VersionSource(name, 1, model_dir, config, reason, (), model_dir, whole_model=True)
+
+
+def _scan_versions(model_dir: Path, name: str, config: ModelConfig) -> list[VersionSource]:
+    on_disk, refused = _version_dirs(model_dir)
+    if not on_disk and not refused and (model_dir / config.model_file).exists():
         on_disk = {1: model_dir}
     config = _resolve_kind(config, on_disk)
-    wanted = config.versions or sorted(on_disk)
+    if config.kind == "generator":
+        wrong = generator_key_problems(config)
+        if wrong:
+            reason = f"{model_dir / MODEL_TOML}: {'; '.join(wrong)}"
+            return [_whole_model_failure(model_dir, name, config, reason)]
+    wanted = config.versions or sorted({*on_disk, *refused})
     if not wanted:
         reason = (
             f"{model_dir}: no version directories (1/, 2/, ...) holding {config.model_file}, "
             f"and no {config.model_file} beside model.toml"
         )
-        return [VersionSource(name, 1, model_dir, config, reason)]
+        return [VersionSource(name, 1, model_dir, config, reason, (), model_dir)]
     sources = []
     for version in wanted:
         directory = on_disk.get(version)
         if directory is None:
-            missing = model_dir / str(version)
-            reason = (
-                f"{model_dir}: model.toml lists version {version}, but {missing} does not exist"
+            reason = refused.get(version) or (
+                f"{model_dir}: model.toml lists version {version}, but "
+                f"{model_dir / str(version)} does not exist"
             )
-            sources.append(VersionSource(name, version, model_dir / str(version), config, reason))
+            where = model_dir / str(version)
+            sources.append(VersionSource(name, version, where, config, reason, (), model_dir))
             continue
         path = directory / config.model_file
         error = "" if path.is_file() else f"{path} does not exist"
         if not error and config.kind == "generator":
             error = _generator_problem(directory, config.model_file)
-        sources.append(VersionSource(name, version, path, config, error, fingerprint(directory)))
+        sources.append(
+            VersionSource(name, version, path, config, error, fingerprint(directory), model_dir)
+        )
     return sources
+
+
+def _version_dirs(model_dir: Path) -> tuple[dict[int, Path], dict[int, str]]:
+    """Numbered subdirectories by version, and the numbers that cannot be served, with why.
+
+    Only ASCII digits count ("²" is a digit to str.isdigit, not a version). Version 0 is
+    refused (a request's version 0 means "the newest ready"), and so are two directories
+    with the same number ("01" and "1").
+    """
+    numbered: dict[int, list[str]] = {}
+    for path in sorted(model_dir.iterdir()):
+        if path.is_dir() and path.name.isascii() and path.name.isdecimal():
+            numbered.setdefault(int(path.name), []).append(path.name)
+    on_disk, refused = {}, {}
+    for version, names in numbered.items():
+        shown = " and ".join(f"{n}/" for n in names)
+        if version == 0:
+            refused[0] = (
+                f"{model_dir}: {shown} is not served: versions are numbered from 1 "
+                "(version 0 in a request means the newest ready version); rename it"
+            )
+        elif len(names) > 1:
+            refused[version] = f"{model_dir}: {shown} are both version {version}; keep one of them"
+        else:
+            on_disk[version] = model_dir / names[0]
+    return on_disk, refused
+
+
+def _refuse_shared_names(found: list[VersionSource]) -> list[VersionSource]:
+    """Mark every version of a name that two directories claim as failed, naming both;
+    one entry per (name, version) remains."""
+    owners: dict[str, list[Path]] = {}
+    for src in found:
+        dirs = owners.setdefault(src.name, [])
+        if src.model_dir is not None and src.model_dir not in dirs:
+            dirs.append(src.model_dir)
+    kept: dict[tuple[str, int], VersionSource] = {}
+    # A whole-model entry goes first: a reload keeps what its directory serves.
+    for src in sorted(found, key=lambda src: not src.whole_model):
+        dirs = owners[src.name]
+        if len(dirs) > 1:
+            shown = " and ".join(str(d) for d in dirs)
+            reason = (
+                f"model name {src.name!r} is claimed by {len(dirs)} directories: {shown}; "
+                f"give each its own name (name = ... in {MODEL_TOML})"
+            )
+            src = replace(src, error=f"{reason}; {src.error}" if src.error else reason)
+        kept.setdefault((src.name, src.version), src)
+    return list(kept.values())
 
 
 def _holds_generator(directory: Path, model_file: str) -> bool:

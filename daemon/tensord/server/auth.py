@@ -88,7 +88,7 @@ class TokenEntry(BaseModel):
     """The token's SHA-256 digest, 64 lowercase hex digits."""
     models: list[str] = Field(min_length=1)
     """Models this token may use; `*` allows every model."""
-    rate_per_second: float | None = Field(default=None, ge=0)
+    rate_per_second: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
     """Requests per second for this token; absent: [auth] rate_per_second; 0: no limit."""
     burst: int | None = Field(default=None, ge=0)
     """Bucket size for this token; absent: [auth] burst."""

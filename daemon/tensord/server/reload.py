@@ -31,18 +31,73 @@ log = structlog.get_logger("tensord.reload")
 ReloadHook = Callable[[TensordConfig], Awaitable[None] | None]
 ConfigLoader = Callable[[], TensordConfig]
 
-# Dotted keys that are read once at start. A reload logs a change to them and keeps the
-# running value. (Logging is configured once: structlog caches its loggers.)
+# Dotted keys that are read once at start: the transport (address, message sizes, HTTP/2
+# and keepalive options are fixed when the gRPC server is built), logging (structlog caches
+# its loggers), the device and event loop, the caches, the Generate stream limit (its
+# interceptor is built at start), the metrics endpoint and the tracer. A reload logs a
+# change to them and keeps the running value.
 RESTART_ONLY_KEYS = (
     "server.listen",
     "server.max_receive_message_bytes",
     "server.max_send_message_bytes",
     "server.log_format",
     "server.log_level",
-    "server.cuda_device",
     "server.event_loop",
+    "server.cuda_device",
+    "server.max_concurrent_streams",
+    "server.keepalive_time_seconds",
+    "server.keepalive_timeout_seconds",
+    "server.keepalive_min_client_interval_seconds",
+    "server.max_connection_age_seconds",
+    "server.max_connection_age_grace_seconds",
     "cache_directory",
+    "limits.max_generate_streams",
+    "metrics.listen",
+    "tracing.enabled",
+    "tracing.service_name",
+    "tracing.otlp_endpoint",
+    "tracing.sample_ratio",
 )
+
+# Dotted keys a reload applies: read where they are used from the config in force
+# (model_repository, the drain settings), set by _apply_live_settings, or handed to a reload
+# hook (the server's limits; Security re-reads the TLS files and the token file with the
+# [auth] settings). Every key is in exactly one of these two lists (a test checks it).
+LIVE_KEYS = (
+    "model_repository",
+    "server.drain_grace_seconds",
+    "server.drain_delay_seconds",
+    "server.switch_interval_us",
+    "limits.max_prompt_tokens",
+    "tls.cert_file",
+    "tls.key_file",
+    "tls.client_ca_file",
+    "auth.token_file",
+    "auth.open_health",
+    "auth.open_reflection",
+    "auth.rate_per_second",
+    "auth.burst",
+)
+
+
+def _tls_mode(config: TensordConfig) -> str:
+    tls = config.tls
+    if not tls.enabled:
+        return "plaintext"
+    return "mtls" if tls.client_ca_file is not None else "tls"
+
+
+def _auth_mode(config: TensordConfig) -> str:
+    return "tokens" if config.auth.enabled else "off"
+
+
+# Tables whose files a reload re-reads, but which cannot be switched on or off (nor TLS
+# between one-way and mutual) without a restart: the credentials and interceptors are
+# chosen when the server is built. When the mode differs, the whole running table stays.
+SWITCHED_TABLES: dict[str, Callable[[TensordConfig], str]] = {
+    "tls": _tls_mode,
+    "auth": _auth_mode,
+}
 
 
 @dataclass(slots=True)
@@ -52,7 +107,8 @@ class ReloadResult:
     config_error: str = ""
     """Why the config was not taken (then nothing else changed)."""
     ignored: dict[str, tuple[Any, Any]] = field(default_factory=dict)
-    """Restart-only keys that changed: key -> (running value, value in the file)."""
+    """Restart-only keys that changed: key -> (running value, value in the file); a table
+    switched on or off appears as "tls" or "auth" -> (running mode, mode in the file)."""
     hook_errors: list[str] = field(default_factory=list)
     models: RepositoryChanges | None = None
     models_error: str = ""
@@ -76,9 +132,15 @@ def _get(config: TensordConfig, key: str) -> Any:
 def keep_restart_only(
     running: TensordConfig, new: TensordConfig, keys: tuple[str, ...]
 ) -> tuple[TensordConfig, dict[str, tuple[Any, Any]]]:
-    """`new` with the running values of `keys`, and which of those keys differ."""
-    ignored = {}
+    """`new` with the running values of `keys` (and of a table in SWITCHED_TABLES whose
+    mode differs), and which of those differ."""
+    ignored: dict[str, tuple[Any, Any]] = {}
     merged = new.model_copy(deep=True)
+    for table, mode in SWITCHED_TABLES.items():
+        old_mode, new_mode = mode(running), mode(new)
+        if old_mode != new_mode:
+            ignored[table] = (old_mode, new_mode)
+            setattr(merged, table, getattr(running, table).model_copy(deep=True))
     for key in keys:
         old_value, new_value = _get(running, key), _get(new, key)
         if old_value == new_value:
@@ -106,15 +168,19 @@ class Reloader:
         self._hooks.append(hook)
 
     async def run(self, running: TensordConfig) -> tuple[TensordConfig, ReloadResult]:
-        """One reload; returns the config now in force and what happened."""
+        """One reload; returns the config now in force and what happened.
+
+        It never raises (cancellation aside): whatever fails is logged and reported in the
+        result, so the caller always finishes its notifications."""
         result = ReloadResult()
         config = running
         if self._load_config is not None:
             try:
                 fresh = await asyncio.to_thread(self._load_config)
-            except ConfigError as exc:
-                result.config_error = str(exc)
-                log.error("reload.config_rejected", error=str(exc), kept="the running config")
+            except Exception as exc:
+                error = str(exc) if isinstance(exc, ConfigError) else f"{exc!r}"
+                result.config_error = error
+                log.error("reload.config_rejected", error=error, kept="the running config")
                 return running, result
             config, result.ignored = keep_restart_only(running, fresh, self.restart_only)
             for key, (old, new) in result.ignored.items():
@@ -126,9 +192,15 @@ class Reloader:
             await self._run_hook(hook, config, result)
         try:
             result.models = await self.registry.reload(config.model_repository)
-        except ModelLoadError as exc:
-            result.models_error = str(exc)
-            log.error("reload.repository_failed", error=str(exc), kept="the served models")
+        except Exception as exc:
+            error = str(exc) if isinstance(exc, ModelLoadError) else f"unexpected: {exc!r}"
+            result.models_error = error
+            log.error(
+                "reload.repository_failed",
+                error=error,
+                kept="the served models",
+                exc_info=None if isinstance(exc, ModelLoadError) else exc,
+            )
         return config, result
 
     @staticmethod
