@@ -6,7 +6,6 @@ Every field has a documented default; a bad value fails at start with the field'
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +20,7 @@ from tensord.config_tables import (
     TracingSettings,
 )
 from tensord.errors import ConfigError
+from tensord.tomlfile import read_toml
 
 ENV_PREFIX = "TENSORD_"
 
@@ -177,16 +177,7 @@ def load_config(
 
 def _read_file(path: Path) -> dict[str, Any]:
     """The file's tables, with relative paths made relative to the file."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"config {path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config {path}: not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files are UTF-8"
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
+    data = read_toml(path, ConfigError, f"config {path}")
     # A relative directory in the file is relative to the file; from a flag or
     # variable, to the working directory.
     for key in _PATH_KEYS:

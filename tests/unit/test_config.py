@@ -265,5 +265,5 @@ def test_a_config_file_that_is_not_utf8(tmp_path: Path) -> None:
     assert str(info.value) == (
         f"config {path}: not UTF-8 text (byte 0: invalid start byte); TOML files are UTF-8"
     )
-    with pytest.raises(ConfigError, match="cannot read: Is a directory"):
+    with pytest.raises(ConfigError, match="is a directory; expected a TOML file"):
         load_config(tmp_path, env={})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +20,7 @@ from tensord.config import format_validation_error
 from tensord.errors import ModelLoadError
 from tensord.processing.config import PostprocessConfig, PreprocessConfig
 from tensord.registry.generator_config import GeneratorConfig
+from tensord.tomlfile import read_toml
 
 MODEL_TOML = "model.toml"
 
@@ -218,19 +218,9 @@ def read_model_config(model_dir: Path) -> ModelConfig:
     path = model_dir / MODEL_TOML
     if not path.exists() and not path.is_symlink():
         return ModelConfig()
+    data = read_toml(path, ModelLoadError)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
         return ModelConfig.model_validate(data)
-    except IsADirectoryError:
-        raise ModelLoadError(f"{path}: is a directory; expected a TOML file") from None
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ModelLoadError(
-            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files are UTF-8"
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ModelLoadError(f"{path}: not valid TOML: {exc}") from None
     except ValidationError as exc:
         raise ModelLoadError(format_validation_error(exc, str(path))) from None
 
