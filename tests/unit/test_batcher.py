@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
-from tensord.errors import DeadlineExceededError, ResourceExhaustedError
+from tensord.errors import DeadlineExceededError, ResourceExhaustedError, UnavailableError
 from tensord.executor.base import RunResult
 from tensord.executor.cpu import join_into
 
@@ -179,3 +179,68 @@ async def test_instances_run_batches_concurrently() -> None:
     assert len(rec.batches) == 2  # both started although neither finished
     rec.gate.set()
     await asyncio.gather(*tasks)
+
+
+async def test_cancelled_and_expired_requests_hold_no_place_in_the_queue() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = make(rec, max_queue_size=2)
+    running = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
+    await asyncio.sleep(0.01)  # the only instance is busy: the next ones queue
+    cancelled = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
+    with pytest.raises(DeadlineExceededError):
+        await batcher.submit(rows(1), ["y"], time.monotonic() + 0.02)
+    cancelled.cancel()
+    await asyncio.sleep(0.01)
+    assert batcher.queue_depth == 0
+    live = [asyncio.create_task(batcher.submit(rows(1), ["y"], None)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert batcher.queue_depth == 2 and batcher.stats.rejected == 0
+    rec.gate.set()
+    await asyncio.gather(running, *live)
+    assert rec.batches == [[1], [1, 1]]
+
+
+async def test_a_full_batch_does_not_wait_for_another_kinds_delay() -> None:
+    rec = Recorder()
+    batcher = make(rec, max_batch_size=4, max_queue_delay_s=0.5, instances=2)
+    start = time.monotonic()
+    narrow = asyncio.create_task(batcher.submit(rows(1, width=2), ["y"], None))
+    await asyncio.sleep(0.01)
+    await batcher.submit(rows(4, width=3), ["y"], None)  # full at once
+    assert time.monotonic() - start < 0.25
+    await narrow  # its own batch closes at its own deadline
+    assert 0.5 <= time.monotonic() - start < 0.75
+    assert rec.batches == [[4], [1]]
+
+
+async def test_a_backlog_fills_the_largest_preferred_size() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = make(rec, preferred_batch_size=(2, 6), max_queue_delay_s=30.0)
+    first = asyncio.create_task(batcher.submit(rows(2), ["y"], None))  # preferred: runs
+    await asyncio.sleep(0.01)
+    backlog = [asyncio.create_task(batcher.submit(rows(1), ["y"], None)) for _ in range(7)]
+    await asyncio.sleep(0.01)
+    rec.gate.set()
+    await first
+    await asyncio.wait_for(asyncio.gather(*backlog[:6]), 5)
+    assert rec.batches == [[2], [1] * 6]  # 6, not three batches of 2
+    await batcher.close()
+    with pytest.raises(UnavailableError):  # the seventh waited for its delay
+        await backlog[6]
+
+
+async def test_the_deadline_stays_when_the_first_request_leaves() -> None:
+    rec = Recorder()
+    batcher = make(rec, max_queue_delay_s=0.3)
+    start = time.monotonic()
+    a = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
+    await asyncio.sleep(0.2)
+    b = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
+    await asyncio.sleep(0.02)
+    a.cancel()
+    await b
+    # The batch a opened closes 0.3 s after a arrived, not 0.3 s after b.
+    assert 0.3 <= time.monotonic() - start < 0.45
+    assert rec.batches == [[1]]

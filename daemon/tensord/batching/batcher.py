@@ -1,9 +1,12 @@
 """The dynamic batcher: one queue per model version, batches formed as instances free up.
 
 Requests whose non-batch dimensions (and asked-for outputs) agree are joined along
-dimension 0, up to max_batch_size. Each forming batch has one monotonic deadline, the
-arrival of its oldest request plus max_queue_delay; a preferred size dispatches at once.
-A request whose deadline passes in the queue, or whose client goes away, never runs.
+dimension 0, up to max_batch_size. Each kind of request (its key) forms its own batch,
+with one monotonic deadline: the arrival of the request that opened it plus
+max_queue_delay, kept when that request leaves. A full batch, or one that reaches a
+preferred size (the largest it can), dispatches at once, whatever another kind waits for.
+A request whose deadline passes in the queue, or whose client goes away, never runs and
+stops counting against max_queue_size.
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class DynamicBatcher:
         self._run_batch = run_batch
         self._preferred = frozenset(settings.preferred_batch_size)
         self._queue: deque[Pending] = deque()
+        self._opened: dict[tuple[object, ...], float] = {}
+        """Per key with requests queued: when its forming batch opened (its deadline is
+        that plus the delay)."""
         self._arrival = asyncio.Event()
         self._slots = asyncio.Semaphore(settings.instances)
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -91,8 +97,8 @@ class DynamicBatcher:
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting (cancelled ones may linger until the next batch forms)."""
-        return len(self._queue)
+        """Requests waiting (not counting those cancelled or expired in the queue)."""
+        return sum(1 for pending in self._queue if not pending.future.done())
 
     async def submit(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], deadline: float | None
@@ -101,6 +107,8 @@ class DynamicBatcher:
         if self._closed:
             raise UnavailableError(f"model {self.name!r} is unloading")
         limit = self.settings.max_queue_size
+        if limit and len(self._queue) >= limit:
+            self._drop_dead()  # cancelled and expired requests hold no place
         if limit and len(self._queue) >= limit:
             self.stats.rejected += 1
             raise ResourceExhaustedError(
@@ -121,6 +129,7 @@ class DynamicBatcher:
             asyncio.get_running_loop().create_future(),
         )
         self._queue.append(pending)
+        self._opened.setdefault(pending.key, now)
         self._arrival.set()
         self._ensure_loop()
         loop = asyncio.get_running_loop()
@@ -159,32 +168,61 @@ class DynamicBatcher:
             task.add_done_callback(self._in_flight.discard)
 
     async def _form_batch(self) -> list[Pending]:
-        """Wait for a live request, then grow its batch until full, preferred, or due."""
-        first = await self._next_live()
-        close_at = first.arrived + self.settings.max_queue_delay_s
-        while True:
-            batch, size, full = self._compatible(first)
-            if full or size in self._preferred or time.monotonic() >= close_at:
-                break
-            self._arrival.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrival.wait(), close_at - time.monotonic())
-            if first.future.done():  # the oldest left: start over from the new head
-                first = await self._next_live()
-                close_at = first.arrived + self.settings.max_queue_delay_s
-        # One pass, not a deque.remove per member: that is O(queue x batch) per batch,
-        # which a long queue under overload turns into milliseconds on the event loop.
-        taken = {id(pending) for pending in batch}
-        self._queue = deque(p for p in self._queue if id(p) not in taken)
-        return batch
-
-    async def _next_live(self) -> Pending:
+        """Wait until a forming batch is ready (full, at a preferred size, or due), then
+        take it out of the queue; of several ready, the one opened first goes first."""
+        delay = self.settings.max_queue_delay_s
         while True:
             self._drop_dead()
-            if self._queue:
-                return self._queue[0]
+            groups: dict[tuple[object, ...], list[Pending]] = {}
+            for pending in self._queue:
+                groups.setdefault(pending.key, []).append(pending)
+            for key in [k for k in self._opened if k not in groups]:
+                del self._opened[key]  # every request of that kind left
+            now = time.monotonic()
+            wake: float | None = None
+            for key, members in sorted(groups.items(), key=lambda kv: self._opened[kv[0]]):
+                batch, ready = self._cut(members)
+                due = self._opened[key] + delay
+                if ready or now >= due:
+                    self._take(key, batch)
+                    return batch
+                wake = due if wake is None else min(wake, due)
             self._arrival.clear()
-            await self._arrival.wait()
+            timeout = None if wake is None else max(0.0, wake - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrival.wait(), timeout)
+
+    def _cut(self, members: list[Pending]) -> tuple[list[Pending], bool]:
+        """One kind's batch, oldest first, and whether it is ready now: full (the next
+        request would not fit, or max_batch_size is reached), or at the largest preferred
+        size its queued requests make."""
+        limit = self.settings.max_batch_size
+        batch: list[Pending] = []
+        size = preferred = 0
+        for pending in members:
+            if batch and size + pending.size > limit:
+                return batch, True
+            batch.append(pending)
+            size += pending.size
+            if size in self._preferred:
+                preferred = len(batch)
+            if size >= limit:
+                return batch, True
+        if preferred:
+            return batch[:preferred], True
+        return batch, False
+
+    def _take(self, key: tuple[object, ...], batch: list[Pending]) -> None:
+        """Remove a formed batch from the queue in one pass (not a deque.remove per member:
+        O(queue x batch), milliseconds on the event loop under overload). What is left of
+        its kind opens a new batch at the arrival of its oldest request."""
+        taken = {id(pending) for pending in batch}
+        self._queue = deque(p for p in self._queue if id(p) not in taken)
+        left = [p.arrived for p in self._queue if p.key == key]
+        if left:
+            self._opened[key] = min(left)
+        else:
+            del self._opened[key]
 
     def _drop_dead(self) -> None:
         """Remove cancelled requests and fail expired ones, so neither ever runs."""
@@ -199,22 +237,6 @@ class DynamicBatcher:
                 continue
             live.append(pending)
         self._queue = live
-
-    def _compatible(self, first: Pending) -> tuple[list[Pending], int, bool]:
-        """Queued requests joinable with `first`, oldest first, stopping at a preferred size."""
-        limit = self.settings.max_batch_size
-        batch: list[Pending] = []
-        size = 0
-        for pending in self._queue:
-            if pending.future.done() or pending.key != first.key:
-                continue
-            if batch and size + pending.size > limit:
-                return batch, size, True
-            batch.append(pending)
-            size += pending.size
-            if size in self._preferred or size >= limit:
-                return batch, size, size >= limit
-        return batch, size, False
 
     async def _dispatch(self, batch: list[Pending]) -> None:
         start = time.monotonic()
@@ -255,5 +277,6 @@ class DynamicBatcher:
             if not pending.future.done():
                 pending.future.set_exception(UnavailableError(f"model {self.name!r} is unloading"))
         self._queue.clear()
+        self._opened.clear()
         if self._in_flight:
             await asyncio.gather(*self._in_flight, return_exceptions=True)
