@@ -120,6 +120,66 @@ def test_sigterm_drains_in_flight_calls(test_repo: Path, tmp_path: Path) -> None
             daemon.process.kill()
 
 
+def _slow_warm_up_model(path: Path, layers: int = 300, n: int = 1024) -> None:
+    """A fixed [n, n] input through `layers` MatMuls: its warm-up run takes seconds."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, prev = [], "x"
+    for i in range(layers):
+        nodes.append(helper.make_node("MatMul", [prev, "W"], [f"h{i}"]))
+        prev = f"h{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "warm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, n])],
+        [numpy_helper.from_array(np.eye(n, dtype=np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+
+
+def test_sigterm_while_models_load_drains_at_once(tmp_path: Path) -> None:
+    from tests.e2e.conftest import free_port
+
+    _slow_warm_up_model(tmp_path / "repo" / "warm" / "1" / "model.onnx")
+    log_path = tmp_path / "tensord.log"
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "tensord.cli", "serve", "--listen",
+                f"127.0.0.1:{free_port()}", "--model-repository", str(tmp_path / "repo"),
+                "--log-format", "json",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while '"server.devices"' not in log_path.read_text():  # loading has begun
+            assert time.monotonic() < deadline and process.poll() is None, log_path.read_text()
+            time.sleep(0.05)
+        time.sleep(0.3)
+        start = time.monotonic()
+        process.send_signal(15)
+        assert process.wait(60) == 0
+        took = time.monotonic() - start
+        events = [
+            json.loads(line)["event"] for line in log_path.read_text().splitlines()
+            if line.startswith("{")
+        ]  # fmt: skip
+        assert "model.loaded" not in events  # the warm-up (several seconds) was not awaited
+        assert events[-3:] == ["server.draining", "server.stopped", "server.exit_during_load"]
+        assert took < 5, took
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
 def test_bad_config_exits_with_the_field(tmp_path: Path) -> None:
     config = tmp_path / "tensord.toml"
     config.write_text('[server]\nlisten = "localhost"\n')

@@ -141,3 +141,35 @@ def test_an_explicit_instance_count_runs_that_many_batches(
         srv.stop()
     assert mlp.instance_count == 3 and mlp.dynamic_batching.concurrent_batches == 3
     assert len(mlp.executor_status.lanes) == 3
+
+
+def test_watch_streams_hear_not_serving_and_do_not_hold_the_drain(small_repo: Path) -> None:
+    import threading
+    import time
+
+    srv = serve(small_repo)
+    heard: list[int] = []
+    ended: list[grpc.StatusCode] = []
+    with grpc.insecure_channel(srv.target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        stream = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+
+        def read() -> None:
+            for reply in stream:
+                heard.append(reply.status)
+            ended.append(stream.code())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        while not heard:
+            time.sleep(0.01)
+        start = time.monotonic()
+        srv.stop(grace=20)
+        took = time.monotonic() - start
+        reader.join(10)
+    assert heard == [
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    ]
+    assert ended == [grpc.StatusCode.OK]
+    assert took < 5  # not the 20 s grace

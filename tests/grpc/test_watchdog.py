@@ -63,3 +63,54 @@ def test_keepalives_follow_answers(watched: ServerThread, listener: NotifyListen
     assert watchdog.missed > missed_before
     assert not watched.loop.is_closed() and watchdog._task is not None
     assert not watchdog._task.done()
+
+
+def test_probes_pass_closed_health_and_are_not_counted(
+    small_repo: Path,
+    tmp_path: Path,
+    listener: NotifyListener,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a token needed for Health too, the daemon's own probe is neither a failed login
+    nor a client call in the metrics."""
+    from tensord_client import Client
+    from tests.conftest import serve
+    from tests.grpc.test_auth import ADMIN, write_tokens
+    from tests.grpc.test_metrics import samples, scrape
+
+    monkeypatch.setenv("NOTIFY_SOCKET", listener.address)
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    tokens = write_tokens(tmp_path / "tokens.toml")
+    srv = serve(
+        small_repo,
+        auth__token_file=tokens,
+        auth__open_health=False,
+        metrics__listen="127.0.0.1:0",
+    )
+    try:
+        server = srv.server
+        assert server is not None and server.watchdog is not None
+        listener.wait_for("READY", timeout=30)
+        pings = [m for m in listener.drain(1.5) if m == {"WATCHDOG": "1"}]
+        assert len(pings) >= 3 and server.watchdog.missed == 0
+        port = server.observability.port
+        assert port
+        health_calls = {
+            labels: v
+            for (name, labels), v in samples(scrape(port)).items()
+            if name == "tensord_requests_total" and ("rpc", "Health") in labels
+        }
+        assert health_calls == {}  # no UNAUTHENTICATED, and no OK either: not a client
+        with Client(srv.target, timeout=10, retries=0, token=ADMIN) as client:
+            client.health()  # a client's call is counted
+        counted = {
+            dict(labels)["code"]: v
+            for (name, labels), v in samples(scrape(port)).items()
+            if name == "tensord_requests_total" and ("rpc", "Health") in labels
+        }
+        assert counted == {"OK": 1.0}
+    finally:
+        if srv.server is not None and srv.server.watchdog is not None:
+            srv.server.watchdog.close()
+        srv.stop(grace=0)

@@ -228,3 +228,12 @@ def test_check_config_reads_the_token_file_and_certificates(tmp_path: Path) -> N
         "No such file or directory",
         f"security problem: token file {tmp_path}/tokens.toml: 2 invalid setting(s)",
     ]
+
+
+def test_token_entries_are_toml_for_any_name() -> None:
+    import tomllib
+
+    name = 'bot\U0001f916 "q" \\ tab\tend'  # beyond U+FFFF, quotes, backslash, control
+    entry = token_entry(name, hash_token(ALICE), ["m\u00e9", "*"])
+    (parsed,) = tomllib.loads(entry)["token"]
+    assert parsed["name"] == name and parsed["models"] == ["m\u00e9", "*"]

@@ -4,7 +4,10 @@ systemd notifications and watchdog, reload on SIGHUP, restart after a lost devic
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
@@ -27,6 +30,7 @@ from tensord.registry.registry import (
     ModelState,
     default_backend_factory,
 )
+from tensord.server.health import HealthServicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reload import ConfigLoader, Reloader, ReloadHook, ReloadResult
 from tensord.server.security import Security, transport_options
@@ -67,7 +71,7 @@ class TensordServer:
         )
         self.dataplane = DataPlane(self.registry)
         self.dataplane.on_device_lost = self.registry.on_device_lost = self._device_lost
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._announced: set[str] = set()
         self.port = 0
@@ -103,16 +107,19 @@ class TensordServer:
     async def start(self) -> int:
         """Listen (health NOT_SERVING), load every model, then report SERVING. Returns the port."""
         await self._sync_health()
-        self.observability.start()  # a metrics port that is taken fails before serving
         listen = self.config.server.listen
         try:
-            self.port = self.security.add_port(self._server, listen)
-            if self.watchdog is not None:  # always plain: a private unix socket
-                self._server.add_insecure_port(self.watchdog.address)
-        except RuntimeError as exc:
+            self.observability.start()  # a metrics port that is taken fails before serving
+            try:
+                self.port = self.security.add_port(self._server, listen)
+                if self.watchdog is not None:  # always plain: a private unix socket
+                    self._server.add_insecure_port(self.watchdog.address)
+            except RuntimeError as exc:
+                raise OSError(f"cannot listen on {listen}: {exc}") from None
+        except BaseException:
             if self.watchdog is not None:
-                self.watchdog.close()
-            raise OSError(f"cannot listen on {listen}: {exc}") from None
+                self.watchdog.close()  # its socket's directory
+            raise
         await self._server.start()
         log.info(
             "server.listening",
@@ -238,6 +245,7 @@ class TensordServer:
         end_streams = asyncio.get_running_loop().call_later(
             grace - min(1.0, grace / 2), lambda: self._spawn(self._end_streams())
         )
+        self.health.close_watches()  # watchers heard NOT_SERVING; they must not hold the drain
         await self._server.stop(grace)
         end_streams.cancel()
         self._started.set()  # a reload still waiting for start-up now sees the stop
@@ -268,10 +276,27 @@ class TensordServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
-        await self.start()
-        await self._stop_requested.wait()
+        starting = asyncio.ensure_future(self.start())
+        stopping = asyncio.ensure_future(self._stop_requested.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if starting.done():
+            starting.result()  # a start that failed (a port taken) raises here
+            await self._stop_requested.wait()
+            await self.stop()
+            return self.exit_code
+        # SIGTERM while models load: drain at once rather than after the loads (a TensorRT
+        # build can take minutes, beyond systemd's TimeoutStopSec). A load running on a
+        # worker thread cannot be interrupted (creating an ONNX Runtime session has no
+        # cancel), so once the drain is done the process ends without waiting for it.
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
         await self.stop()
-        return self.exit_code
+        log.info("server.exit_during_load", exit_code=self.exit_code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.exit_code)
 
     def _models_changed(self) -> None:
         self._spawn(self._sync_health())

@@ -20,7 +20,6 @@ The token file (TOML):
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import secrets
@@ -58,15 +57,17 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+_MAX_RETRY_S = 86_400.0
+
+
 def token_entry(
     name: str, digest: str, models: Sequence[str], rate: float = 0.0, burst: int = 0
 ) -> str:
     """A `[[token]]` entry for the token file, as TOML."""
-    # JSON's string escapes are valid TOML basic strings.
-    quoted = ", ".join(json.dumps(m) for m in models)
+    quoted = ", ".join(toml_string(m) for m in models)
     lines = [
         "[[token]]",
-        f"name = {json.dumps(name)}",
+        f"name = {toml_string(name)}",
         f'sha256 = "{digest}"',
         f"models = [{quoted}]",
     ]
@@ -75,6 +76,17 @@ def token_entry(
     if burst:
         lines.append(f"burst = {burst}")
     return "\n".join(lines) + "\n"
+
+
+def toml_string(text: str) -> str:
+    """A TOML basic string: quote, backslash and control characters escaped, everything
+    else as it is (JSON's escapes split characters beyond U+FFFF into surrogate pairs,
+    which TOML refuses)."""
+    escaped = "".join(
+        f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c
+        for c in text.replace("\\", "\\\\").replace('"', '\\"')
+    )
+    return f'"{escaped}"'
 
 
 class TokenEntry(BaseModel):
@@ -204,7 +216,9 @@ class Authenticator:
             with self._lock:
                 wait = bucket.take(time.monotonic())
             if wait > 0:
-                wait = math.ceil(wait * 1e3) / 1e3  # whole ms, as the retry hints carry it
+                # Whole ms, as the retry hints carry it; at most a day (a rate of 1e-300 per
+                # second would otherwise give a wait no hint can hold).
+                wait = math.ceil(min(wait, _MAX_RETRY_S) * 1e3) / 1e3
                 rate = bucket.rate
                 raise RateLimitedError(
                     f"token {grant.principal.name!r} is over its rate limit of "

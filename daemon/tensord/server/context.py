@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from tensord.errors import InvalidArgumentError, TensordError
 from tensord.server.status import error_trailers
+from tensord.server.watchdog import is_probe
 
 log = structlog.get_logger("tensord.request")
 
@@ -75,6 +76,8 @@ def _observe(
 ) -> None:
     """Hand the finished call to the servicer's observer (metrics, tracing), if it has one."""
     observer = getattr(servicer, "observer", None)
+    if rpc == "Health" and is_probe(context.invocation_metadata()):
+        return  # the daemon's own watchdog, not a client
     if observer is not None:
         elapsed = time.perf_counter() - start
         model = getattr(request, "model", "")

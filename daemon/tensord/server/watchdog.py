@@ -11,7 +11,11 @@ listen on any address and may demand TLS client certificates or tokens, which th
 should not depend on. The socket lives in a fresh directory of mode 0700 (under
 $RUNTIME_DIRECTORY when systemd provides one), so only the daemon's own user can connect,
 and it exists only while a watchdog is configured. An answer with any status except
-UNAVAILABLE or DEADLINE_EXCEEDED counts: a refusal by an auth interceptor is still an answer.
+UNAVAILABLE or DEADLINE_EXCEEDED counts.
+
+The probe carries a per-process secret in its metadata (PROBE_KEY): authentication lets it
+through without a token, and metrics and logs leave it out, so that the daemon's own
+probes are neither failed logins nor client calls.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -34,6 +40,19 @@ from tensord.v1 import inference_pb2_grpc as pb_grpc
 log = structlog.get_logger("tensord.watchdog")
 
 _NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+PROBE_KEY = "x-tensord-watchdog"
+_PROBE_SECRET = secrets.token_urlsafe(24)
+_PROBE_METADATA = ((PROBE_KEY, _PROBE_SECRET),)
+
+
+def is_probe(metadata: Sequence[tuple[str, str | bytes]] | None) -> bool:
+    """True for the watchdog's own Health call (its metadata holds this process's secret)."""
+    return any(
+        key == PROBE_KEY and secrets.compare_digest(str(value), _PROBE_SECRET)
+        for key, value in metadata or ()
+    )
+
+
 _PROBE_TIMEOUT_CAP_S = 10.0
 
 
@@ -91,7 +110,9 @@ class Watchdog:
     async def probe(self, stub: pb_grpc.InferenceServiceStub) -> bool:
         """One Health call; True when the server answered in time."""
         try:
-            await stub.Health(pb.HealthRequest(), timeout=self.probe_timeout)
+            await stub.Health(
+                pb.HealthRequest(), timeout=self.probe_timeout, metadata=_PROBE_METADATA
+            )
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _NO_ANSWER:
                 log.warning(
