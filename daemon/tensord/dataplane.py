@@ -179,11 +179,13 @@ class DataPlane:
                 "model's kind)"
             )
         arrived = time.perf_counter()
-        ids = await _prompt_ids(call, engine.directory)
-        check_prompt_tokens(entry.name, len(ids), self.max_prompt_tokens)
-        metrics = self.generation_metrics
-        recorder = metrics.stream(entry.name, arrived, len(ids)) if metrics else None
-        with entry.inflight:  # a reload frees a swapped-out version once its streams end
+        # Counted before the first await (tokenising a long prompt goes to a thread): a
+        # reload frees a swapped-out version only once the calls holding it have ended.
+        with entry.inflight:
+            ids = await _prompt_ids(call, engine.directory)
+            check_prompt_tokens(entry.name, len(ids), self.max_prompt_tokens)
+            metrics = self.generation_metrics
+            recorder = metrics.stream(entry.name, arrived, len(ids)) if metrics else None
             try:
                 async for chunk in engine.generate(ids, call.sampling, call.deadline):
                     if recorder is not None:

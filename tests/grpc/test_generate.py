@@ -411,3 +411,65 @@ def test_a_tight_token_budget_prefills_one_token_a_step(
         assert len(tokens) == n
         assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
         reference.greedy(prompt, n).check(tokens)
+
+
+def test_one_token_blocks_load_and_generate(
+    gen_repo: Path, reference: ReferenceModel, tmp_path: Path
+) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(gen_repo, root)
+    (root / MODEL / "model.toml").write_text("[generator]\nblock_size = 1\nnum_blocks = 2100\n")
+    srv = serve(root)
+    try:
+        with Client(srv.target) as client:
+            prompt = list(range(70, 79))
+            tokens = [
+                t
+                for c in client.generate(MODEL, token_ids=prompt, max_tokens=12, temperature=0)
+                for t in c.token_ids
+            ]
+            assert _wait_idle(client).used_blocks == 0
+    finally:
+        srv.stop()
+    assert len(tokens) == 12
+    reference.greedy(prompt, 12).check(tokens)
+
+
+def test_drain_ends_requests_not_started_at_once(gen_repo: Path, tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(gen_repo, root)
+    (root / MODEL / "model.toml").write_text(
+        "[generator]\nblock_size = 16\nnum_blocks = 160\nmax_num_seqs = 1\n"
+        "max_num_batched_tokens = 64\n"
+    )
+    srv = serve(root)
+    stopper = threading.Thread(target=srv.stop, kwargs={"grace": 4.0})
+    with Client(srv.target, retries=0) as client:
+        running = client.generate(MODEL, token_ids=[3, 4, 5], max_tokens=2000, ignore_eos=True)
+        next(running)  # the one seat is taken
+        waiting = client.generate(MODEL, token_ids=[6, 7, 8], max_tokens=5)
+        result: list[grpc.RpcError] = []
+        reader = threading.Thread(target=lambda: result.append(_error_of(waiting)))
+        reader.start()
+        time.sleep(0.2)  # queued behind the running stream
+        start = time.monotonic()
+        stopper.start()
+        reader.join(10)
+        took = time.monotonic() - start
+        with pytest.raises(grpc.RpcError):
+            for _ in running:
+                pass
+    stopper.join(15)
+    (error,) = result
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "had not started" in error.details()
+    assert took < 2  # at the start of the drain, not at the end of its 4 s grace
+
+
+def _error_of(stream: Iterator[pb.GenerateResponse]) -> grpc.RpcError:
+    try:
+        for _ in stream:
+            pass
+    except grpc.RpcError as exc:
+        return exc
+    raise AssertionError("the stream ended without an error")

@@ -203,6 +203,14 @@ class GenerationEngine:
                 kv_cache=s.kv_cache,
             )
 
+    def fail_waiting(self, error: TensordError) -> None:
+        """End the requests that have not produced a token yet with `error`: at a drain
+        their clients retry elsewhere at once, not when the grace runs out."""
+        with self._lock:
+            ids = [r.request_id for r in self.scheduler.waiting if r.num_output_tokens == 0]
+            if ids:
+                self._fail(ids, error)
+
     def close(self, error: TensordError | None = None) -> None:
         """End every stream with `error` (UNAVAILABLE by default), free the blocks, stop.
         Blocking: call it from a worker thread when an event loop is running."""

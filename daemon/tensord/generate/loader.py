@@ -37,10 +37,12 @@ def load_engine(
 
 
 def _warm_up(engine: GenerationEngine) -> None:
-    """A one-token prefill and a decode step on a free block, so the first request pays
-    no lazy set-up. The block stays free: a request writes its positions before reading."""
+    """A one-token prefill and a decode step on free blocks, so the first request pays
+    no lazy set-up. The blocks stay free: a request writes its positions before reading.
+    Two positions need two blocks when a block holds one token."""
     spec = engine.directory.spec
     token = spec.bos_token_id if spec.bos_token_id is not None else 0
-    engine.runner.execute([StepItem("warm-up", [token], 0, [0])])
-    engine.runner.execute([StepItem("warm-up", [token], 1, [0])])
+    table = [0] if engine.storage.block_size > 1 else [0, 1]
+    engine.runner.execute([StepItem("warm-up", [token], 0, table)])
+    engine.runner.execute([StepItem("warm-up", [token], 1, table)])
     engine.runner.reset()

@@ -246,6 +246,14 @@ class TensordServer:
             grace - min(1.0, grace / 2), lambda: self._spawn(self._end_streams())
         )
         self.health.close_watches()  # watchers heard NOT_SERVING; they must not hold the drain
+        for entry in self.registry.versions():  # Generate requests not started yet
+            if entry.engine is not None:
+                entry.engine.fail_waiting(
+                    UnavailableError(
+                        "the server is shutting down and this request had not started: "
+                        "retry on another instance"
+                    )
+                )
         await self._server.stop(grace)
         end_streams.cancel()
         self._started.set()  # a reload still waiting for start-up now sees the stop
