@@ -235,6 +235,14 @@ class TensordServer:
         if self.watchdog is not None:
             await self.watchdog.stop()
         await self.health.enter_graceful_shutdown()
+        for entry in self.registry.versions():  # Generate requests not started yet
+            if entry.engine is not None:
+                entry.engine.fail_waiting(
+                    UnavailableError(
+                        "the server is shutting down and this request had not started: "
+                        "retry on another instance"
+                    )
+                )
         if self.config.server.drain_delay_seconds:
             # Calls still arriving get UNAVAILABLE from the data plane; closing at once
             # would cancel those gRPC has taken in but not yet handed to a handler.
@@ -246,14 +254,6 @@ class TensordServer:
             grace - min(1.0, grace / 2), lambda: self._spawn(self._end_streams())
         )
         self.health.close_watches()  # watchers heard NOT_SERVING; they must not hold the drain
-        for entry in self.registry.versions():  # Generate requests not started yet
-            if entry.engine is not None:
-                entry.engine.fail_waiting(
-                    UnavailableError(
-                        "the server is shutting down and this request had not started: "
-                        "retry on another instance"
-                    )
-                )
         await self._server.stop(grace)
         end_streams.cancel()
         self._started.set()  # a reload still waiting for start-up now sees the stop
