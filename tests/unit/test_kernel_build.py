@@ -41,6 +41,13 @@ def test_family_compiles_to_cubin(family: str, arch: str) -> None:
     assert "warning" not in compiled.log.lower(), compiled.log
 
 
+def test_compiling_leaves_python_objects_alone() -> None:
+    # NVRTC writes its (one-byte, empty) log into the buffer it is given: a shared object
+    # such as b" " would be changed for the whole process.
+    compile_cubin(load_source("preprocess"), "sm_80")
+    assert bytes([32]) == b" " and b"a b".split(b" ") == [b"a", b"b"]
+
+
 def test_exactness_options_are_on() -> None:
     assert "--fmad=false" in COMPILE_OPTIONS
     assert not any("fast-math" in o or "ftz=true" in o for o in COMPILE_OPTIONS)
@@ -81,6 +88,26 @@ def test_cache_compiles_once_then_reads(tmp_path: Path) -> None:
     cache.forget(second)
     assert not cache.cached_cubin("softmax_topk", "sm_80", tmp_path).from_cache
     assert sorted(p.suffix for p in (tmp_path / "kernels").iterdir()) == [".cubin", ".cubin"]
+
+
+def test_a_bad_cache_entry_is_compiled_anew(tmp_path: Path) -> None:
+    good = cache.cached_cubin("nms", "sm_80", tmp_path)
+    good.path.write_bytes(b"not a cubin")  # a foreign or damaged file: not an ELF image
+    again = cache.cached_cubin("nms", "sm_80", tmp_path)
+    assert not again.from_cache and again.cubin == good.cubin
+    again.path.write_bytes(good.cubin[:100])  # truncated: the driver refuses it on a GPU
+    assert cache.cached_cubin("nms", "sm_80", tmp_path).from_cache
+    fresh = cache.cached_cubin("nms", "sm_80", tmp_path, refresh=True)
+    assert not fresh.from_cache and fresh.cubin == good.cubin
+    assert list((tmp_path / "kernels").glob("*.tmp")) == []
+
+
+def test_forgetting_in_a_read_only_cache_is_not_an_error(tmp_path: Path) -> None:
+    entry = cache.cached_cubin("nms", "sm_80", tmp_path)
+    undeletable = replace(entry, path=Path("/proc/version"))  # unlink fails, even for root
+    with pytest.raises(OSError):
+        undeletable.path.unlink()
+    cache.forget(undeletable)  # logged, not raised
 
 
 def test_cache_key_covers_source_headers_and_arch() -> None:

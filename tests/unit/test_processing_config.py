@@ -36,7 +36,12 @@ def test_sections_parse_with_defaults(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[preprocess]\nstd = [1, 0, 1]", "preprocess.std: Value error, std values must be > 0"),
+        ("[preprocess]\nstd = [1, 0, 1]", "preprocess.std: Value error, std values must be at"),
+        ("[preprocess]\nstd = [1, 1e-46, 1]", "std values must be at least 1e-30"),
+        ("[preprocess]\nstd = [1, inf, 1]", "preprocess.std: Value error, needs finite numbers"),
+        ("[preprocess]\nmean = [nan, 0, 0]", "preprocess.mean: Value error, needs finite numbers"),
+        ('[preprocess]\nkind = "letterbox"\npad_value = nan', "preprocess.pad_value"),
+        ('[postprocess]\nkind = "nms"\nscore_threshold = nan', "postprocess.nms.score_threshold"),
         ("[preprocess]\nmean = [1, 2]", "preprocess.mean: Value error, needs 3 values"),
         ("[preprocess]\npad_value = 0", 'pad_value applies only to kind = "letterbox"'),
         ('[preprocess]\nkind = "crop"', "preprocess.kind: Input should be 'resize' or 'letterbox'"),
@@ -105,6 +110,12 @@ def test_plan_nhwc_float16_and_size() -> None:
         (None, TopKConfig(kind="topk", output="logits"), PIXELS,
          [*LOGITS, TensorSpec("classes", F32, (-1, 1))],
          "the model's output(s) ['classes'] clash with the processed outputs"),
+        (PreprocessConfig(input="pixels", name="aux"), None,
+         [*PIXELS, TensorSpec("aux", F32, (-1, 4))], LOGITS,
+         "preprocess.name 'aux' is another input of the model"),
+        (None, NmsConfig(kind="nms"), PIXELS,
+         [TensorSpec("boxes", F32, (-1, 100, 4)), TensorSpec("scores", F32, (-1, 50, 80))],
+         "disagree on the number of boxes (dimension 1)"),
     ],
 )  # fmt: skip
 def test_plan_errors_name_the_mismatch(pre, post, inputs, outputs, message) -> None:  # type: ignore[no-untyped-def]

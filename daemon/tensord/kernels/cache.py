@@ -8,6 +8,7 @@ file and are renamed into place, so a crash never leaves a truncated entry.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -51,15 +52,21 @@ def cache_path(directory: Path, bundle: SourceBundle, arch: str) -> Path:
     return directory / "kernels" / f"{bundle.family.name}-{arch}-nvrtc{major}.{minor}-{key}.cubin"
 
 
-def cached_cubin(family: str, arch: str, directory: Path) -> CachedKernel:
-    """The family's CUBIN for `arch`: read from the cache, or compiled and stored."""
+_ELF_MAGIC = b"\x7fELF"
+
+
+def cached_cubin(family: str, arch: str, directory: Path, *, refresh: bool = False) -> CachedKernel:
+    """The family's CUBIN for `arch`: read from the cache, or compiled and stored. With
+    `refresh`, or when the cached file is not an ELF image, it is compiled anew."""
     bundle = load_source(family)
     path = cache_path(directory, bundle, arch)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        data = b""
-    if data:
+    data = b""
+    if not refresh:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            data = b""
+    if data.startswith(_ELF_MAGIC):
         return CachedKernel(family, arch, data, path, True)
     compiled = compile_cubin(bundle, arch)
     if compiled.log:
@@ -72,11 +79,16 @@ def cached_cubin(family: str, arch: str, directory: Path) -> CachedKernel:
 
 
 def forget(entry: CachedKernel) -> None:
-    """Drop a cache entry the driver refused, so the next load recompiles it."""
-    entry.path.unlink(missing_ok=True)
+    """Drop a cache entry the driver refused, so the next load recompiles it (a read-only
+    cache keeps it: the caller compiles anew with refresh=True either way)."""
+    try:
+        entry.path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("kernels.cache_unwritable", path=str(entry.path), error=str(exc))
 
 
 def _store(path: Path, data: bytes) -> None:
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -85,3 +97,6 @@ def _store(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:  # a read-only cache costs a compile per start, nothing more
         log.warning("kernels.cache_unwritable", path=str(path), error=str(exc))
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

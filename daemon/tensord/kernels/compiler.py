@@ -101,9 +101,11 @@ def _log(prog: Any) -> str:
     from cuda.bindings import nvrtc
 
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buffer = b" " * size
+    # NVRTC writes into the buffer: it must be a fresh mutable one. (b" " * 1 is CPython's
+    # shared b" " object, which a write would change for the whole process.)
+    buffer = bytearray(size)
     _check(nvrtc.nvrtcGetProgramLog(prog, buffer), "nvrtcGetProgramLog")
-    return buffer.rstrip(b"\0 ").decode(errors="replace")
+    return bytes(buffer).rstrip(b"\0 ").decode(errors="replace")
 
 
 def compile_cubin(
@@ -128,8 +130,8 @@ def compile_cubin(
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise NvrtcError(f"{bundle.family.file} does not compile for {arch}:\n{log}")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return Compiled(cubin, log)
+        return Compiled(bytes(cubin), log)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)

@@ -168,7 +168,7 @@ def load_kernels(device_id: int, cache_directory: Path, families: Iterable[str])
                     raise
                 log.warning("kernels.cache_rejected", family=family, error=str(exc))
                 forget(entry)
-                entry = cached_cubin(family, kernels.arch, cache_directory)
+                entry = cached_cubin(family, kernels.arch, cache_directory, refresh=True)
                 module = _load_module(entry)
             kernels.modules.append(module)
             kernels.from_cache[family] = entry.from_cache

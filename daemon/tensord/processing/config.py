@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_MIN_STD = 1e-30
+"""Smallest std accepted: 1/std stays a finite float32 with room to spare."""
 
 
 class PreprocessConfig(BaseModel):
@@ -33,7 +37,7 @@ class PreprocessConfig(BaseModel):
     """The model input's layout."""
     size: list[int] | None = None
     """[height, width] of the model input; default: the model's fixed dimensions."""
-    pad_value: float | None = None
+    pad_value: float | None = Field(default=None, ge=0.0, le=255.0)
     """letterbox only: the pixel value of the padding (before normalisation); default 114."""
     max_image_size: int = Field(default=8192, ge=1, le=65535)
     """Largest image height or width accepted; larger gets INVALID_ARGUMENT."""
@@ -43,13 +47,16 @@ class PreprocessConfig(BaseModel):
     def _three(cls, value: list[float]) -> list[float]:
         if len(value) != 3:
             raise ValueError(f"needs 3 values (one per channel), got {value}")
+        if not all(math.isfinite(v) for v in value):
+            raise ValueError(f"needs finite numbers, got {value}")
         return value
 
     @field_validator("std")
     @classmethod
     def _positive(cls, value: list[float]) -> list[float]:
-        if any(not v > 0 for v in value):
-            raise ValueError(f"std values must be > 0, got {value}")
+        # The kernels multiply by 1/std in float32: it must be finite and positive there.
+        if any(not v >= _MIN_STD for v in value):
+            raise ValueError(f"std values must be at least {_MIN_STD:g}, got {value}")
         return value
 
     @field_validator("size")
@@ -99,7 +106,7 @@ class NmsConfig(BaseModel):
     """The model output holding class scores, float32 [N, B, classes]."""
     box_format: Literal["xyxy", "cxcywh"] = "xyxy"
     """Corners (x1, y1, x2, y2), or centre and size (cx, cy, w, h)."""
-    score_threshold: float = 0.25
+    score_threshold: float = Field(default=0.25, allow_inf_nan=False, ge=-1e30, le=1e30)
     """Pairs (box, class) with score > this are candidates."""
     iou_threshold: float = Field(default=0.45, ge=0.0, le=1.0)
     """A candidate is suppressed by a kept one of its class with IoU > this."""

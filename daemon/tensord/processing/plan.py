@@ -152,6 +152,13 @@ def plan_image(config: PreprocessConfig, inputs: Sequence[TensorSpec]) -> ImageP
     swap = config.channel_order != config.model_channel_order
     norm = Normalisation.from_mean_std(tuple(config.mean), tuple(config.std), swap)
     served = TensorSpec(config.name or spec.name, DType.UINT8, (spec.shape[0], -1, -1, 3))
+    others = {s.name for s in inputs if s.name != spec.name}
+    if served.name in others:
+        raise ModelLoadError(
+            f"preprocess.name {served.name!r} is another input of the model; the served "
+            f"image input needs a name of its own (the model's inputs: "
+            f"{sorted({*others, spec.name})})"
+        )
     pad = 114.0 if config.pad_value is None else config.pad_value
     return ImagePlan(
         config.kind, served, spec, height, width, config.layout, dtype, norm, pad,
@@ -189,6 +196,11 @@ def _plan_nms(config: NmsConfig, outputs: Sequence[TensorSpec]) -> tuple[NmsPlan
                 f"postprocess: model output {spec.name!r} {spec.dtype.name.lower()} "
                 f"{list(spec.shape)}: NMS needs float32 boxes [N, B, 4] and scores [N, B, classes]"
             )
+    if -1 not in (boxes.shape[1], scores.shape[1]) and boxes.shape[1] != scores.shape[1]:
+        raise ModelLoadError(
+            f"postprocess: model outputs {boxes.name!r} {list(boxes.shape)} and {scores.name!r} "
+            f"{list(scores.shape)} disagree on the number of boxes (dimension 1)"
+        )
     settings = NmsSettings(
         config.score_threshold, config.iou_threshold, config.max_detections,
         config.max_candidates, config.box_format,
