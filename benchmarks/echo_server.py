@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from payloads import METHOD, SERVICE, response_bytes
 
+from tensord.config import ServerSettings
 from tensord.eventloop import run
 
 # The daemon's defaults (tensord.config.ServerSettings): keep the two servers alike.
@@ -67,6 +68,8 @@ def main() -> int:
         help="as the daemon's [server] event_loop (auto: uvloop where installed)",
     )
     args = parser.parse_args()
+    # The daemon's GIL switch interval ([server] switch_interval_us, its default here).
+    sys.setswitchinterval(ServerSettings().switch_interval_us / 1e6)
     run(serve(args.listen), args.event_loop)
     return 0
 

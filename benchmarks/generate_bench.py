@@ -249,6 +249,7 @@ def _render(points: list[StreamPoint], sequential: StreamPoint | None, gain: flo
             f"{p.ttft_ms_p50:>9.1f} {p.ttft_ms_p99:>8.1f} {p.itl_ms_p50:>8.2f} {p.itl_ms_p99:>7.2f}"
             f"{mark}"
         )
+    lines.append("(ratio: median of the paired rounds' ratios; tok/s and limit: that round's)")
     if sequential is not None and gain is not None:
         verdict = "ok" if gain >= BATCHING_GAIN_TARGET else f"< {BATCHING_GAIN_TARGET}"
         lines.append(
@@ -315,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
                     gains.append(window.tokens_per_s / alone.tokens_per_s)
             point = _summarise(n, per_stream, windows)
             point.rounds = paired
-            point.limit_tokens_per_s = statistics.median(r.limit_tokens_per_s for r in paired)
+            # tok/s and limit of the round with the median ratio (with an odd number of
+            # rounds, the default, ratio = tok/s / limit in the table).
+            middle = sorted(paired, key=lambda r: r.ratio)[len(paired) // 2]
+            point.tokens_per_s = middle.tokens_per_s
+            point.limit_tokens_per_s = middle.limit_tokens_per_s
             point.ratio = statistics.median(r.ratio for r in paired)
             points.append(point)
             print(
