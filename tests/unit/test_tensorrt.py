@@ -73,3 +73,32 @@ async def test_a_host_without_tensorrt_fails_that_model_only(
         assert state is ModelState.FAILED
         assert reason == f'backend = "tensorrt" cannot load: {why}'
     await registry.close()
+
+
+def test_engine_key_covers_the_calibration_data() -> None:
+    config = TensorRTConfig(int8=True, calibration_file="calib.npy")
+    first = engine_key(b"model", "10.0", "H100", config, b"samples one")
+    assert first != engine_key(b"model", "10.0", "H100", config, b"samples two")
+    assert first != engine_key(b"model", "10.0", "H100", config)
+
+
+def test_calibration_samples_take_the_inputs_dtype_and_shape() -> None:
+    import types
+
+    import numpy as np
+
+    from tensord.backends.tensorrt import _calibration_samples
+
+    # TensorRT's own dtype mapping is trt.nptype; here its float32 answer stands in.
+    trt = types.SimpleNamespace(nptype=lambda dtype: np.float32)
+    tensor = types.SimpleNamespace(name="x", shape=(-1, 3, 4), dtype="float")
+    samples = np.arange(8 * 12, dtype=np.float64).reshape(8, 3, 4)  # NumPy's default dtype
+    out = _calibration_samples(trt, samples, tensor, batch=4)
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (8, 3, 4)
+    assert np.array_equal(out, samples.astype(np.float32))
+    with pytest.raises(ModelLoadError, match=r"samples of shape \[3, 5\], but input 'x'"):
+        _calibration_samples(trt, np.zeros((8, 3, 5)), tensor, batch=4)
+    with pytest.raises(ModelLoadError, match="holds 2 samples, fewer than one batch"):
+        _calibration_samples(trt, np.zeros((2, 3, 4)), tensor, batch=4)
+    with pytest.raises(ModelLoadError, match="holds <U1 values"):
+        _calibration_samples(trt, np.full((8, 3, 4), "a"), tensor, batch=4)

@@ -13,6 +13,7 @@ load error say whether it is there and why not.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,11 +39,20 @@ def tensorrt_status() -> tuple[bool, str]:
     return True, f"TensorRT {tensorrt.__version__}"
 
 
-def engine_key(model_bytes: bytes, trt_version: str, gpu_name: str, trt: TensorRTConfig) -> str:
-    """The engine cache key: model hash, TensorRT version, GPU and every build flag."""
+def engine_key(
+    model_bytes: bytes,
+    trt_version: str,
+    gpu_name: str,
+    trt: TensorRTConfig,
+    calibration: bytes = b"",
+) -> str:
+    """The engine cache key: model hash, TensorRT version, GPU, every build flag, and for
+    INT8 the calibration data itself (a new file under the same name builds anew)."""
     digest = hashlib.sha256(model_bytes)
     for part in (trt_version, gpu_name, trt.model_dump_json()):
         digest.update(b"\0" + part.encode())
+    if calibration:
+        digest.update(b"\0calibration\0" + hashlib.sha256(calibration).digest())
     return digest.hexdigest()[:32]
 
 
@@ -130,15 +140,19 @@ class TensorRTBackend:
 
     def _engine(self, path: Path, config: ModelConfig, cache: Path, gpu: str) -> bytes:
         model_bytes = path.read_bytes()
-        key = engine_key(model_bytes, self._trt.__version__, gpu, config.tensorrt)
+        calibration = check_int8(config, path.parent.parent)
+        key = engine_key(
+            model_bytes,
+            self._trt.__version__,
+            gpu,
+            config.tensorrt,
+            calibration.read_bytes() if calibration is not None else b"",
+        )
         cached = cache / "engines" / f"{key}.engine"
         if cached.is_file():
             return cached.read_bytes()
         engine = self._build(model_bytes, config, path, cache / "timing.cache")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        tmp.write_bytes(engine)
-        tmp.replace(cached)  # atomic: a concurrent loader sees all of it or none
+        _write_atomically(cached, engine)
         return engine
 
     def _build(self, model_bytes: bytes, config: ModelConfig, path: Path, timing: Path) -> bytes:
@@ -146,7 +160,12 @@ class TensorRTBackend:
         # path is <model>/<version>/model.onnx; the calibration file sits beside model.toml.
         model_dir = path.parent.parent
         builder = trt.Builder(self._logger)
-        network = builder.create_network(0)
+        # TensorRT 10 networks are always explicit-batch (the flag is deprecated and
+        # ignored); before 10, flags 0 means implicit batch, which the ONNX parser refuses.
+        flags = 0
+        if int(trt.__version__.split(".")[0]) < 10:
+            flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+        network = builder.create_network(flags)
         parser = trt.OnnxParser(network, self._logger)
         # The path lets the parser find weights stored outside the .onnx file.
         if not parser.parse(model_bytes, str(path)):
@@ -163,9 +182,21 @@ class TensorRTBackend:
                 raise ModelLoadError(
                     f"tensorrt.calibration_file feeds one input; the model has {network.num_inputs}"
                 )
+            samples = _calibration_samples(
+                trt, np.load(calibration), network.get_input(0), options.opt_batch
+            )
             build.set_flag(trt.BuilderFlag.INT8)
-            calibrator = _calibrator(trt, np.load(calibration), options.opt_batch)
+            calibrator = _calibrator(trt, samples, options.opt_batch)
             build.int8_calibrator = calibrator
+        try:
+            return self._build_engine(builder, network, build, options, timing)
+        finally:
+            if calibrator is not None:
+                calibrator.free()
+
+    def _build_engine(
+        self, builder: Any, network: Any, build: Any, options: TensorRTConfig, timing: Path
+    ) -> bytes:
         profile = builder.create_optimization_profile()
         for i in range(network.num_inputs):
             tensor = network.get_input(i)
@@ -184,15 +215,10 @@ class TensorRTBackend:
         build.add_optimization_profile(profile)
         cache = build.create_timing_cache(timing.read_bytes() if timing.is_file() else b"")
         build.set_timing_cache(cache, ignore_mismatch=False)
-        try:
-            serialized = builder.build_serialized_network(network, build)
-        finally:
-            if calibrator is not None:
-                calibrator.free()
+        serialized = builder.build_serialized_network(network, build)
         if serialized is None:
             raise ModelLoadError("TensorRT failed to build an engine (see its log above)")
-        timing.parent.mkdir(parents=True, exist_ok=True)
-        timing.write_bytes(bytes(build.get_timing_cache().serialize()))
+        _write_atomically(timing, bytes(build.get_timing_cache().serialize()))
         return bytes(serialized)
 
     def _signature(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
@@ -227,19 +253,22 @@ class TensorRTBackend:
                         "engine's optimisation profile (tensorrt.min_batch/max_batch)"
                     )
                 context.set_tensor_address(name, tensor.ptr)
-            outputs = []
+            outputs: list[DeviceOutput] = []
             specs = {s.name: s for s in self.outputs}
-            for name in output_names:
-                dims = tuple(int(d) for d in context.get_tensor_shape(name))
-                dtype = specs[name].dtype
-                nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.numpy.itemsize
-                buffer = self._outputs_pool.acquire(max(nbytes, 1))
-                context.set_tensor_address(name, buffer.ptr)
-                outputs.append(DeviceOutput(buffer, dims, dtype, self._outputs_pool))
-            if not context.execute_async_v3(self._stream):
-                for out in outputs:
+            try:
+                for name in output_names:
+                    dims = tuple(int(d) for d in context.get_tensor_shape(name))
+                    dtype = specs[name].dtype
+                    nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.numpy.itemsize
+                    buffer = self._outputs_pool.acquire(max(nbytes, 1))
+                    outputs.append(DeviceOutput(buffer, dims, dtype, self._outputs_pool))
+                    context.set_tensor_address(name, buffer.ptr)
+                if not context.execute_async_v3(self._stream):
+                    raise InternalError("TensorRT execute_async_v3 failed (see its log)")
+            except BaseException:
+                for out in outputs:  # an out-of-memory acquire, or a failed launch
                     out.release()
-                raise InternalError("TensorRT execute_async_v3 failed (see its log)")
+                raise
         return outputs
 
     def close(self) -> None:
@@ -248,6 +277,41 @@ class TensorRTBackend:
         self._engine_obj = None
         self._runtime = None
         self._outputs_pool.clear()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write through a temporary file of this process and thread, then rename: a
+    concurrent loader sees all of it or none, and concurrent builds do not share a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _calibration_samples(trt: Any, samples: np.ndarray, tensor: Any, batch: int) -> np.ndarray:
+    """The calibration samples as the network input's dtype, checked against its shape:
+    TensorRT reads each batch's bytes as they are."""
+    want = tuple(int(d) for d in tuple(tensor.shape)[1:])
+    if tuple(samples.shape[1:]) != want:
+        raise ModelLoadError(
+            f"tensorrt.calibration_file: samples of shape {list(samples.shape[1:])}, but input "
+            f"{tensor.name!r} takes {list(want)} per sample"
+        )
+    if len(samples) < batch:
+        raise ModelLoadError(
+            f"tensorrt.calibration_file holds {len(samples)} samples, fewer than one batch of "
+            f"tensorrt.opt_batch = {batch}"
+        )
+    dtype = np.dtype(trt.nptype(tensor.dtype))
+    if samples.dtype.kind not in "biuf":
+        raise ModelLoadError(
+            f"tensorrt.calibration_file holds {samples.dtype} values; input {tensor.name!r} "
+            f"takes {dtype}"
+        )
+    return np.ascontiguousarray(samples.astype(dtype, copy=False))
 
 
 def _calibrator(trt: Any, samples: np.ndarray, batch: int) -> Any:

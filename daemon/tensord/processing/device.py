@@ -135,7 +135,7 @@ class DeviceProcessedBackend:
         for release in self._pending:
             release()
         self._pending.clear()
-        self._held.clear()
+        self._drop_held()
         self._taken = []
         try:
             return self._run(inputs, output_names)
@@ -145,6 +145,14 @@ class DeviceProcessedBackend:
         except BaseException:
             self._release_taken()
             raise
+
+    def _drop_held(self) -> None:
+        """Let go of what the last batch kept alive. Model outputs from a pooled buffer (the
+        native TensorRT backend's) go back to their pool: dropping them would lose a
+        buffer a batch."""
+        for value in self._held:
+            _release_output(value)
+        self._held.clear()
 
     def _release_taken(self) -> None:
         for buffer in self._taken:
@@ -157,7 +165,12 @@ class DeviceProcessedBackend:
         names = self.plan.model_outputs_for(output_names)
         values = dict(zip(names, self.inner.run_device(feeds, names), strict=True))
         served: dict[str, Any] = {n: v for n, v in values.items() if n in self.plan.passthrough}
-        made = self._postprocess(values, geo)
+        try:
+            made = self._postprocess(values, geo)
+        except BaseException:
+            for value in values.values():  # nothing reaches the executor: give them back
+                _release_output(value)
+            raise
         served.update(made)
         # Scratch (the model input, consumed model outputs) lives until the next batch.
         scratch = [b for b in self._taken if all(b.ptr != m.ptr for m in made.values())]
@@ -232,6 +245,14 @@ class DeviceProcessedBackend:
         for release in self._pending:
             release()
         self._pending.clear()
-        self._held.clear()
+        self._drop_held()
         self.pool.clear()
         self.inner.close()
+
+
+def _release_output(value: object) -> None:
+    """Return a model output to its pool when it came from one (a DeviceOutput); an
+    OrtValue or a host array frees itself when dropped."""
+    release = getattr(value, "release", None)
+    if callable(release):
+        release()

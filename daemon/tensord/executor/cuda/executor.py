@@ -61,17 +61,40 @@ class CudaExecutor(LaneExecutor):
         self.pinned = PinnedHostPool()
         self.device = DevicePool()
         self._lanes: list[Lane] = []
-        for _ in range(lanes):
-            stream = check(
-                cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
-                "cudaStreamCreateWithFlags",
-            )
+        try:
+            for _ in range(lanes):
+                self._lanes.append(self._make_lane(make_backend))
+        except BaseException:  # a failed load frees what the lanes made so far
+            self._free_lanes()
+            self.pinned.clear()
+            self.device.clear()
+            raise
+        super().__init__(name, lanes, reason)
+
+    def _make_lane(self, make_backend: Callable[[int], Any]) -> Lane:
+        stream = check(
+            cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking),
+            "cudaStreamCreateWithFlags",
+        )
+        try:
             done = check(
                 cudart.cudaEventCreateWithFlags(cudart.cudaEventDisableTiming),
                 "cudaEventCreateWithFlags",
             )
-            self._lanes.append(Lane(stream, done, make_backend(int(stream))))
-        super().__init__(name, lanes, reason)
+            try:
+                return Lane(stream, done, make_backend(int(stream)))
+            except BaseException:
+                cudart.cudaEventDestroy(done)
+                raise
+        except BaseException:
+            cudart.cudaStreamDestroy(stream)
+            raise
+
+    def _free_lanes(self) -> None:
+        for lane in self._lanes:
+            lane.backend.close()
+            cudart.cudaEventDestroy(lane.done)
+            cudart.cudaStreamDestroy(lane.stream)
 
     @property
     def primary_backend(self) -> Any:
@@ -92,13 +115,17 @@ class CudaExecutor(LaneExecutor):
             return self._pipeline(lane, parts, output_names, taken, held)
         finally:
             # Copies may still be in flight after a failure: wait before buffers are reused.
-            cudart.cudaStreamSynchronize(lane.stream)
+            synced = cudart.cudaStreamSynchronize(lane.stream)
             for pool, buffer in taken:
                 pool.release(buffer)
             for value in held:
                 release = getattr(value, "release", None)
                 if release is not None:
                     release()
+            # An error the stream reports here (a kernel that faulted after its launch was
+            # accepted) is the batch's real error: a sticky one must reach the daemon as a
+            # lost device, not as whatever the batch failed with first.
+            check(synced, "cudaStreamSynchronize (end of batch)")
 
     def _take(self, pool: PinnedHostPool | DevicePool, nbytes: int, taken: list[Any]) -> CudaBuffer:
         buffer = pool.acquire(nbytes)
@@ -155,9 +182,6 @@ class CudaExecutor(LaneExecutor):
     def close(self) -> None:
         """Wait for the lanes, free every buffer, stream and event."""
         self._stop_lanes(wait=True)
-        for lane in self._lanes:
-            lane.backend.close()
-            cudart.cudaEventDestroy(lane.done)
-            cudart.cudaStreamDestroy(lane.stream)
+        self._free_lanes()
         self.pinned.clear()
         self.device.clear()
