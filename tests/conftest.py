@@ -56,13 +56,22 @@ class ServerThread:
         except BaseException as exc:  # surfaced by start()
             self._error = exc
             self._ready.set()
+            self._close_loop()
             return
         self._ready.set()
         self.loop.run_forever()
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        """Join the loop's worker threads (asyncio.to_thread) and close it: nothing of a
+        stopped server stays behind."""
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        self.loop.close()
 
     def start(self) -> ServerThread:
         self._thread.start()
-        self._ready.wait(60)
+        if not self._ready.wait(60):
+            raise TimeoutError("the test server did not start within 60 s")
         if self._error is not None:
             raise self._error
         return self
@@ -79,7 +88,8 @@ class ServerThread:
         assert self.server is not None
         self.call(self.server.stop(grace))
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the test server's thread did not end"
 
 
 def start_server(repo: Path, **server: object) -> ServerThread:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -19,6 +21,17 @@ def require_tool(path: Path | None, what: str, install: str) -> Path:
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def require_module(name: str, install: str = "make setup") -> ModuleType:
+    """The module; missing, it fails under CI=true and skips elsewhere."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        message = f"{name} is not installed ({exc}); run `{install}`"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 def buf() -> Path:

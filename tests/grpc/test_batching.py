@@ -60,8 +60,14 @@ async def test_mlp_batched_outputs_are_bit_exact(server: ServerThread, test_repo
 
 
 async def test_cnn_batched_outputs_are_bit_exact(server: ServerThread, test_repo: Path) -> None:
+    batcher = server.server.registry.get("cnn_batched").batcher  # type: ignore[union-attr]
+    assert batcher is not None
+    before = batcher.stats.requests, batcher.stats.batches
     results = await run_mixed(server.target, "cnn_batched", cnn_input, seed=2)
     path = test_repo / "cnn_batched" / "1" / "model.onnx"
     for inputs, outputs in results:
         (expected,) = alone(path, inputs)
         assert outputs["probabilities"].tobytes() == expected.tobytes()
+    requests = batcher.stats.requests - before[0]
+    assert requests == len(results)
+    assert batcher.stats.batches - before[1] < requests, "no two requests were ever joined"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,12 +52,18 @@ def attributes(span: Any) -> dict[str, Any]:
     return out
 
 
-def test_a_span_per_rpc_with_model_status_and_parent(small_repo: Path) -> None:
+def start_collector() -> tuple[Collector, grpc.Server, int]:
+    """A Collector served on a free loopback port: (collector, its server, the port)."""
     collector = Collector()
     receiver = grpc.server(ThreadPoolExecutor(2))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, receiver)
     port = receiver.add_insecure_port("127.0.0.1:0")
     receiver.start()
+    return collector, receiver, port
+
+
+def test_a_span_per_rpc_with_model_status_and_parent(small_repo: Path) -> None:
+    collector, receiver, port = start_collector()
     srv = serve(
         small_repo,
         tracing__enabled=True,
@@ -109,6 +116,46 @@ def test_a_span_per_rpc_with_model_status_and_parent(small_repo: Path) -> None:
     assert code == grpc.StatusCode.FAILED_PRECONDITION.value[0]  # mlp is no generator
     assert generate.status.code == generate.status.STATUS_CODE_UNSET  # the caller's doing
     assert len(generate.parent_span_id) == 0  # no traceparent: a root span
+
+
+@pytest.fixture
+def broken_repo(small_repo: Path, tmp_path: Path) -> Path:
+    """The mlp, and `broken`: a model.onnx that is not ONNX, so the model is FAILED."""
+    shutil.copytree(small_repo / "mlp", tmp_path / "mlp")
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"this is not an ONNX file")
+    return tmp_path
+
+
+def test_a_failure_the_server_owns_marks_the_span_as_an_error(broken_repo: Path) -> None:
+    collector, receiver, port = start_collector()
+    srv = serve(
+        broken_repo,
+        tracing__enabled=True,
+        tracing__otlp_endpoint=f"http://127.0.0.1:{port}",
+    )
+    try:
+        with (
+            Client(srv.target, timeout=10, retries=0) as client,
+            pytest.raises(grpc.RpcError) as caught,
+        ):
+            client.predict("broken", {"input": np.zeros((1, 4), np.float32)}, request_id="broken-1")
+    finally:
+        srv.stop()  # flushes the batch of spans
+        receiver.stop(0)
+    err = caught.value
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    (span,) = [s for _, s in collector.spans()]
+    assert attributes(span) == {
+        "rpc.system": "grpc",
+        "rpc.service": "tensord.v1.InferenceService",
+        "rpc.method": "Predict",
+        "rpc.grpc.status_code": grpc.StatusCode.UNAVAILABLE.value[0],
+        "tensord.model": "broken",
+        "tensord.request_id": "broken-1",
+    }
+    assert span.status.code == span.status.STATUS_CODE_ERROR
+    assert span.status.message == f"UNAVAILABLE: {err.details()}"
 
 
 def test_enabled_without_opentelemetry_logs_why(monkeypatch: pytest.MonkeyPatch) -> None:

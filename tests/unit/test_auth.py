@@ -237,3 +237,19 @@ def test_token_entries_are_toml_for_any_name() -> None:
     entry = token_entry(name, hash_token(ALICE), ["m\u00e9", "*"])
     (parsed,) = tomllib.loads(entry)["token"]
     assert parsed["name"] == name and parsed["models"] == ["m\u00e9", "*"]
+
+
+def test_a_reload_keeps_each_tokens_bucket_and_retunes_it(tmp_path: Path) -> None:
+    path = write_tokens(
+        tmp_path / "t.toml", token_entry("a", hash_token(ALICE), ["*"], rate=0.001, burst=2)
+    )
+    auth = Authenticator(AuthSettings(token_file=path))
+    auth.admit(bearer(ALICE))
+    auth.admit(bearer(ALICE))
+    auth.reload()  # the same file: the bucket, emptied by two calls, stays empty
+    with pytest.raises(RateLimitedError, match=r"0\.001 requests/s"):
+        auth.admit(bearer(ALICE))
+    write_tokens(path, token_entry("a", hash_token(ALICE), ["*"], rate=0.002, burst=2))
+    auth.reload()
+    with pytest.raises(RateLimitedError, match=r"0\.002 requests/s"):
+        auth.admit(bearer(ALICE))

@@ -6,10 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from google.protobuf import descriptor_pb2
 
-from tests.tools import buf
+from tests.tools import buf, require_module
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "protos" / "tensord" / "v1" / "inference.proto"
@@ -17,7 +16,7 @@ GENERATED = ROOT / "daemon" / "tensord" / "v1"
 
 
 def test_generated_code_is_current(tmp_path: Path) -> None:
-    pytest.importorskip("grpc_tools", reason="grpcio-tools is a dev dependency: make setup")
+    require_module("grpc_tools")
     subprocess.run(
         [
             sys.executable,
@@ -44,7 +43,7 @@ def test_buf_lint() -> None:
 
 
 def test_every_message_field_and_enum_value_is_commented() -> None:
-    pytest.importorskip("grpc_tools")
+    require_module("grpc_tools")
     from grpc_tools import protoc
 
     out = ROOT / "build" / "inference.pb"

@@ -186,3 +186,16 @@ async def test_close_answers_queued_runs_unavailable() -> None:
         await asyncio.wait_for(queued, 1.0)
     assert (await running).outputs[0].tolist() == [[2, 2]]  # the run in progress finishes
     assert executor.stats().queue_depth == 0
+
+
+async def test_a_deadline_that_passes_while_running_is_answered_on_time() -> None:
+    executor = CpuExecutor("m", Doubler(delay=1.0), lanes=1)
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        await executor.run([{"x": np.ones((1, 2), np.float32)}], ["y"], time.monotonic() + 0.1)
+    # Answered by the deadline, not when the run ends: it is still running.
+    assert time.monotonic() - start < 0.6
+    assert executor.stats().running == 1
+    while executor.stats().running:  # the run ends on its own; its answer goes nowhere
+        await asyncio.sleep(0.05)
+    executor.close()

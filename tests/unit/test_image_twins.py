@@ -11,6 +11,7 @@ from tensord.kernels.image import (
     letterbox_geometry,
     resize_normalize,
 )
+from tests.tools import require_module
 
 IDENTITY = Normalisation.from_mean_std((0, 0, 0), (1, 1, 1))
 
@@ -72,7 +73,7 @@ def test_channel_swap_layout_and_float16() -> None:
     [(37, 53, 32, 32), (20, 30, 64, 48), (480, 640, 224, 224), (1, 1, 3, 5), (99, 1, 7, 4)],
 )
 def test_resize_matches_opencv(h: int, w: int, oh: int, ow: int) -> None:
-    cv2 = pytest.importorskip("cv2")
+    cv2 = require_module("cv2")
     rng = np.random.default_rng(h * w)
     img = rng.integers(0, 256, (2, h, w, 3), dtype=np.uint8)
     out = resize_normalize(img, oh, ow, IDENTITY)
@@ -110,7 +111,7 @@ def test_letterbox_pads_and_places_by_hand() -> None:
     ("h", "w", "oh", "ow"), [(300, 400, 320, 320), (50, 20, 64, 96), (7, 7, 9, 9)]
 )
 def test_letterbox_matches_opencv(h: int, w: int, oh: int, ow: int) -> None:
-    cv2 = pytest.importorskip("cv2")
+    cv2 = require_module("cv2")
     img = np.random.default_rng(h + w).integers(0, 256, (1, h, w, 3), dtype=np.uint8)
     out, info = letterbox(img, oh, ow, IDENTITY, pad_value=114, layout="nhwc")
     g = letterbox_geometry(h, w, oh, ow)

@@ -21,6 +21,7 @@ from tensord.kernels.compiler import (
     nvrtc_version,
 )
 from tensord.kernels.sources import FAMILIES, load_source, source_dir
+from tests.tools import require_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,7 +130,7 @@ def test_unwritable_cache_still_compiles(tmp_path: Path) -> None:
 
 
 def test_wheel_carries_the_kernel_sources(tmp_path: Path) -> None:
-    pytest.importorskip("setuptools")
+    require_module("setuptools")
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
          "-q", "-w", str(tmp_path)],

@@ -9,10 +9,7 @@ installs. The demo graph itself is also checked against transformers' Llama on i
 
 from __future__ import annotations
 
-import importlib
-import os
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -24,6 +21,7 @@ from tensord.generate.demo_model import build_demo_generator
 from tensord.generate.demo_tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, build_tokenizer
 from tensord.generate.model_dir import load_generator_dir, read_generator_spec
 from tests.generate_reference import ReferenceModel, benchmark_module
+from tests.tools import require_module
 
 generate_limit = benchmark_module("generate_limit")
 
@@ -34,20 +32,9 @@ NEW_TOKENS = 16
 PROMPTS = ["The quick brown fox", "Hello there, how are you", "1 2 3", "Once upon a time"]
 
 
-def require_module(name: str) -> ModuleType:
-    """The module; missing, it fails under CI=true and skips elsewhere."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        message = f"{name} is not installed ({exc}); run `make setup` (the export extra)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
-torch = require_module("torch")
-transformers = require_module("transformers")
-optimum_onnx = require_module("optimum.exporters.onnx")
+torch = require_module("torch", "make setup (the export extra)")
+transformers = require_module("transformers", "make setup (the export extra)")
+optimum_onnx = require_module("optimum.exporters.onnx", "make setup (the export extra)")
 
 
 def _export(model: Any, tokenizer: Any, root: Path, name: str) -> Path:

@@ -72,6 +72,8 @@ async def test_a_host_without_tensorrt_fails_that_model_only(
     elif not available:
         assert state is ModelState.FAILED
         assert reason == f'backend = "tensorrt" cannot load: {why}'
+    else:  # a GPU and TensorRT: the engine builds and serves
+        assert state is ModelState.READY, reason
     await registry.close()
 
 

@@ -96,7 +96,8 @@ class LaneExecutor:
             with contextlib.suppress(RuntimeError):  # the loop has closed
                 loop.call_soon_threadsafe(_settle_unloaded, result)
             return
-        loop.call_soon_threadsafe(_settle, result, done)
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(_settle, result, done)
 
     @staticmethod
     def _expire(
