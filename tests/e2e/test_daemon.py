@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tensord_client import Client
-from tests.e2e.conftest import Daemon, start_daemon
+from tests.e2e.conftest import LOOPBACK_ANY_PORT, Daemon, start_daemon
 
 pytestmark = pytest.mark.e2e
 
@@ -92,6 +92,13 @@ def slow_input(batch: int) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(batch).normal(size=(batch, 1024)).astype(np.float32)}
 
 
+def executor_counts(client: Client, model: str) -> tuple[int, int]:
+    """From Info, `model`'s executor: (runs begun so far + runs queued, runs in flight now)."""
+    status = next(m.executor_status for m in client.info().models if m.name == model)
+    begun = sum(lane.runs for lane in status.lanes)
+    return begun + status.queue_depth, status.queue_depth + status.running
+
+
 def test_sigterm_drains_in_flight_calls(test_repo: Path, tmp_path: Path) -> None:
     daemon = start_daemon(test_repo, tmp_path / "tensord.log")
     try:
@@ -99,8 +106,16 @@ def test_sigterm_drains_in_flight_calls(test_repo: Path, tmp_path: Path) -> None
             compute_us = client.predict_response("slow", slow_input(64)).timing.compute_us
             batch = int(np.clip(64 * 200_000 / max(compute_us, 1), 8, 512))  # ~0.2 s per run
             with ThreadPoolExecutor(8) as pool:
+                before, _ = executor_counts(client, "slow")
                 calls = [pool.submit(client.predict, "slow", slow_input(batch)) for _ in range(8)]
-                time.sleep(0.3)  # all eight are queued or running on the one instance
+                deadline = time.monotonic() + 30
+                while True:  # until all eight reached the one instance's executor
+                    arrived, in_flight = executor_counts(client, "slow")
+                    if arrived - before == 8:
+                        break
+                    assert time.monotonic() < deadline, (arrived - before, in_flight)
+                    time.sleep(0.01)
+                assert in_flight > 0  # queued or running when SIGTERM comes (~0.2 s a run)
                 daemon.process.send_signal(15)
                 results = [c.result(timeout=60) for c in calls]
         assert all(r["y"].shape == (batch, 1024) for r in results)
@@ -144,15 +159,13 @@ def _slow_warm_up_model(path: Path, layers: int = 300, n: int = 1024) -> None:
 
 
 def test_sigterm_while_models_load_drains_at_once(tmp_path: Path) -> None:
-    from tests.e2e.conftest import free_port
-
     _slow_warm_up_model(tmp_path / "repo" / "warm" / "1" / "model.onnx")
     log_path = tmp_path / "tensord.log"
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
             [
                 sys.executable, "-m", "tensord.cli", "serve", "--listen",
-                f"127.0.0.1:{free_port()}", "--model-repository", str(tmp_path / "repo"),
+                LOOPBACK_ANY_PORT, "--model-repository", str(tmp_path / "repo"),
                 "--log-format", "json",
             ],
             stdout=log_file,

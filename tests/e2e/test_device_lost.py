@@ -19,7 +19,7 @@ from onnx import TensorProto
 
 from tensord.server.app import EXIT_DEVICE_LOST
 from tensord_client import Client
-from tests.e2e.conftest import free_port, wait_serving
+from tests.e2e.conftest import LOOPBACK_ANY_PORT, listening_port, wait_serving
 from tests.models import build_identity, build_slow
 from tests.notify_socket import NotifyListener
 from tests.tools import ROOT
@@ -43,14 +43,14 @@ def repo(tmp_path: Path) -> Path:
 
 def test_sticky_cuda_error_drains_and_exits_non_zero(repo: Path, tmp_path: Path) -> None:
     listener = NotifyListener()
-    target = f"127.0.0.1:{free_port()}"
     log_path = tmp_path / "tensord.log"
-    argv = [sys.executable, "-m", "tests.e2e.device_lost_daemon", "--listen", target]
+    argv = [sys.executable, "-m", "tests.e2e.device_lost_daemon", "--listen", LOOPBACK_ANY_PORT]
     argv += ["--model-repository", str(repo), "--log-format", "json"]
     with log_path.open("w") as log:
         env = listener.env(PYTHONUNBUFFERED="1")
         process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
+        target = f"127.0.0.1:{listening_port(log_path, process)}"
         wait_serving(target)
         listener.wait_for("READY")
         slow_result: dict[str, object] = {}

@@ -1,15 +1,22 @@
 """Two daemons behind standard load balancing: gRPC's client-side round_robin over an ipv4:
 target list, and nginx's grpc_pass. Both get traffic, and traffic keeps flowing when one is
-stopped."""
+stopped.
+
+The daemons bind 127.0.0.1:0 for gRPC and for metrics and log the ports they got. nginx
+cannot listen on port 0 ("invalid port"), so it listens on a unix socket of its own instead
+of a port picked ahead, which another process could take first."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import grpc
@@ -18,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tensord_client import Client
-from tests.e2e.conftest import Daemon, free_port, start_daemon
+from tests.e2e.conftest import LOOPBACK_ANY_PORT, Daemon, start_daemon
 from tests.tools import nginx
 
 pytestmark = pytest.mark.e2e
@@ -28,11 +35,17 @@ X = np.zeros((1, 512), np.float32)
 @dataclass
 class Instance:
     daemon: Daemon
-    metrics_port: int
 
     @property
     def port(self) -> int:
-        return int(self.daemon.target.rsplit(":", 1)[1])
+        return self.daemon.port
+
+    @cached_property
+    def metrics_port(self) -> int:
+        """The port [metrics] listen = "127.0.0.1:0" got, from the "metrics.listening" line."""
+        port = int(self.daemon.event("metrics.listening")["port"])
+        assert port > 0, port
+        return port
 
     def predicts(self) -> int:
         """Predicts this daemon answered OK, from its own /metrics."""
@@ -56,14 +69,13 @@ def pair(demo_repo: Path, tmp_path: Path) -> Iterator[list[Instance]]:
     instances = []
     try:
         for name in ("a", "b"):
-            metrics_port = free_port()
             config = tmp_path / f"{name}.toml"
             config.write_text(
-                f'[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n[server]\n'
+                f'[metrics]\nlisten = "{LOOPBACK_ANY_PORT}"\n[server]\n'
                 "drain_grace_seconds = 5.0\ndrain_delay_seconds = 1.0\n"
             )
             daemon = start_daemon(demo_repo, tmp_path / f"{name}.log", "--config", str(config))
-            instances.append(Instance(daemon, metrics_port))
+            instances.append(Instance(daemon))
         yield instances
     finally:
         for instance in instances:
@@ -143,7 +155,7 @@ http {{
         keepalive 8;
     }}
     server {{
-        listen 127.0.0.1:{port} http2;
+        listen unix:{socket} http2;
         location / {{
             grpc_pass grpc://tensord;
             grpc_next_upstream error timeout;
@@ -155,16 +167,18 @@ http {{
 
 def test_nginx_grpc_pass(pair: list[Instance], tmp_path: Path) -> None:
     binary = nginx()
-    port = free_port()
+    # A short directory of its own: unix socket paths are limited to 107 bytes.
+    socket_dir = Path(tempfile.mkdtemp(prefix="tensord-nginx-"))
+    socket = socket_dir / "grpc.sock"
     conf = tmp_path / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=tmp_path, a=pair[0].port, b=pair[1].port, port=port))
+    conf.write_text(NGINX_CONF.format(dir=tmp_path, a=pair[0].port, b=pair[1].port, socket=socket))
     checked = subprocess.run([str(binary), "-t", "-c", str(conf)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
     proxy = subprocess.Popen(
         [str(binary), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        with Client(f"127.0.0.1:{port}", timeout=10) as client:
+        with Client(f"unix:{socket}", timeout=10) as client:
             deadline = time.monotonic() + 10
             while True:  # until nginx listens
                 try:
@@ -177,3 +191,4 @@ def test_nginx_grpc_pass(pair: list[Instance], tmp_path: Path) -> None:
     finally:
         proxy.terminate()
         proxy.wait(10)
+        shutil.rmtree(socket_dir, ignore_errors=True)

@@ -3,12 +3,12 @@ start, on the watchdog, around a reload (SIGHUP) and at drain (SIGTERM)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ from onnx import TensorProto
 
 from tensord.server.notify import monotonic_usec
 from tensord_client import Client
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import LOOPBACK_ANY_PORT, listening_port
 from tests.models import build_identity
 from tests.notify_socket import NotifyListener
 
@@ -36,24 +36,30 @@ def serve(config: Path, listener: NotifyListener, log: Path, **env: str) -> subp
 
 
 @pytest.fixture
-def setup(demo_repo: Path, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+def setup(demo_repo: Path, tmp_path: Path) -> Path:
+    """A config whose daemon listens on 127.0.0.1:0: the port comes from its STATUS= line."""
     shutil.copytree(demo_repo, tmp_path / "models")
-    port = free_port()
     config = tmp_path / "tensord.toml"
     config.write_text(
-        f'model_repository = "models"\n[server]\nlisten = "127.0.0.1:{port}"\nlog_format = "json"\n'
+        f'model_repository = "models"\n[server]\nlisten = "{LOOPBACK_ANY_PORT}"\n'
+        'log_format = "json"\n'
     )
-    yield config, f"127.0.0.1:{port}"
+    return config
 
 
-def test_ready_watchdog_reload_and_stopping(setup: tuple[Path, str], tmp_path: Path) -> None:
-    config, target = setup
-    port = target.rsplit(":", 1)[1]
+def test_ready_watchdog_reload_and_stopping(setup: Path, tmp_path: Path) -> None:
+    config = setup
     listener = NotifyListener()
     process = serve(config, listener, tmp_path / "tensord.log", WATCHDOG_USEC="1000000")
     try:
         first = listener.wait_for("STATUS", timeout=60)
-        assert first == {"STATUS": f"loading models; listening on port {port}"}
+        announced = re.fullmatch(
+            r"loading models; listening on port ([1-9][0-9]*)", first["STATUS"]
+        )
+        assert announced is not None and set(first) == {"STATUS"}, first
+        port = announced[1]  # the port the kernel gave 127.0.0.1:0
+        assert listening_port(tmp_path / "tensord.log", process) == int(port)  # the log agrees
+        target = f"127.0.0.1:{port}"
         ready = listener.wait_for("READY")
         assert ready == {"READY": "1", "STATUS": f"serving on port {port}: 4 ready"}
         with Client(target, timeout=10, retries=0) as client:  # READY means serving
@@ -105,8 +111,8 @@ def test_ready_watchdog_reload_and_stopping(setup: tuple[Path, str], tmp_path: P
     assert all(m == {"WATCHDOG": "1"} for m in listener.messages[last + 1 :])
 
 
-def test_abstract_socket_and_no_watchdog(setup: tuple[Path, str], tmp_path: Path) -> None:
-    config, _ = setup
+def test_abstract_socket_and_no_watchdog(setup: Path, tmp_path: Path) -> None:
+    config = setup
     listener = NotifyListener(abstract=True)
     process = serve(config, listener, tmp_path / "tensord.log")
     try:
