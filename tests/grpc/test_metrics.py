@@ -76,6 +76,9 @@ def scraped(metrics_server: ServerThread) -> str:
         client.info()
         chunks = list(client.generate("tinylm", token_ids=[5, 6, 7], max_tokens=5, ignore_eos=True))
         assert sum(len(c.token_ids) for c in chunks) == 5
+        # Refused by the engine (max_tokens beyond the context): its prompt never counts.
+        with pytest.raises(grpc.RpcError):
+            list(client.generate("tinylm", token_ids=[5] * 100, max_tokens=100_000))
     server = metrics_server.server
     assert server is not None and server.observability.generation is not None
     # The recorder's arithmetic, on a model of its own: 3 tokens, then 2 more 0.2 s later.
@@ -181,3 +184,28 @@ def test_each_server_counts_its_own_calls() -> None:
         )
         is None
     )
+
+
+def test_a_call_past_its_deadline_counts_as_deadline_exceeded(metrics_repo: Path) -> None:
+    srv = serve(metrics_repo, metrics__listen="127.0.0.1:0")
+    try:
+        with Client(srv.target, retries=0) as client:
+            for _ in range(3):  # whichever ends it, gRPC's deadline or the daemon's
+                with pytest.raises(grpc.RpcError) as info:
+                    list(
+                        client.generate(
+                            "tinylm", token_ids=[5, 6], max_tokens=1500, ignore_eos=True,
+                            timeout=0.3,
+                        )
+                    )  # fmt: skip
+                assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert srv.server is not None
+        found = samples(scrape(srv.server.observability.port))
+        codes = {
+            dict(labels)["code"]: v
+            for (name, labels), v in found.items()
+            if name == "tensord_requests_total" and ("rpc", "Generate") in labels
+        }
+        assert codes == {"DEADLINE_EXCEEDED": 3.0}
+    finally:
+        srv.stop()

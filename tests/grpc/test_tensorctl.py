@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
 import numpy as np
 import onnx
 import pytest
@@ -193,3 +194,32 @@ def test_generate_request_takes_one_stop_string_and_numpy_token_ids() -> None:
     assert list(request.sampling.stop) == ["END"]
     assert list(request.sampling.stop_token_ids) == [7]
     assert list(request.prompt_token_ids) == [1, 2, 3]
+
+
+def test_client_options_are_checked_when_given() -> None:
+    from tensord_client import Client, TLSOptions
+    from tensord_client._common import channel_options
+
+    for half in ({"certificate_chain": b"pem"}, {"private_key": b"pem"}):
+        with pytest.raises(ValueError, match="certificate_chain and private_key go together"):
+            TLSOptions(**half)  # gRPC's core would abort the process on the first call
+    options = dict(channel_options(3, None, ()))
+    assert options["grpc.per_rpc_retry_buffer_size"] >= 64 * 1024 * 1024  # large batches retry
+    # A misspelt field fails at the call, not at the first next().
+    with Client("127.0.0.1:9", retries=0) as client, pytest.raises(ValueError):
+        client.generate("tinylm", token_ids=[1, 2], max_token=5)
+
+
+def test_generate_starts_when_called(server: ServerThread) -> None:
+    import time
+
+    from tensord_client import Client
+
+    with Client(server.target, retries=0) as client:
+        stream = client.generate(
+            "tinylm", token_ids=[5, 6], max_tokens=2000, ignore_eos=True, timeout=0.3
+        )
+        time.sleep(0.5)  # the deadline counts from the call, not from the first read
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED

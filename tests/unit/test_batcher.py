@@ -244,3 +244,37 @@ async def test_the_deadline_stays_when_the_first_request_leaves() -> None:
     # The batch a opened closes 0.3 s after a arrived, not 0.3 s after b.
     assert 0.3 <= time.monotonic() - start < 0.45
     assert rec.batches == [[1]]
+
+
+async def test_a_request_ended_at_its_deadline_by_grpc_counts_as_expired() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = make(rec)
+    running = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
+    await asyncio.sleep(0.01)  # holds the only instance
+    queued = asyncio.create_task(batcher.submit(rows(1), ["y"], time.monotonic() + 0.05))
+    await asyncio.sleep(0.01)
+    time.sleep(0.06)  # the deadline passes before the batcher's timer can run...
+    queued.cancel()  # ...and gRPC, whose own timer came first, cancels the call
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert batcher.stats.expired == 1
+    rec.gate.set()
+    await running
+
+
+async def test_a_request_that_expires_while_its_batch_runs_is_not_served() -> None:
+    rec = Recorder()
+    rec.gate.clear()
+    batcher = make(rec, max_queue_delay_s=0.01)
+    kept = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
+    late = asyncio.create_task(batcher.submit(rows(2), ["y"], time.monotonic() + 0.1))
+    await asyncio.sleep(0.05)
+    assert rec.batches == [[1, 2]]  # joined, and running
+    with pytest.raises(DeadlineExceededError):
+        await late
+    rec.gate.set()
+    await kept
+    stats = batcher.stats
+    assert (stats.batches, stats.requests, stats.rows, stats.expired) == (1, 1, 1, 1)
+    assert stats.batch_sizes == {3: 1}  # what ran

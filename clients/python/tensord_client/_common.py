@@ -31,6 +31,13 @@ class TLSOptions:
     private_key: bytes | str | Path | None = None
     server_name_override: str | None = None
 
+    def __post_init__(self) -> None:
+        # gRPC's core aborts the process on a certificate without its key (or the reverse).
+        if (self.certificate_chain is None) != (self.private_key is None):
+            raise ValueError(
+                "TLSOptions: certificate_chain and private_key go together (mutual TLS)"
+            )
+
     def credentials(self) -> grpc.ChannelCredentials:
         """gRPC channel credentials from these options."""
         return grpc.ssl_channel_credentials(
@@ -81,6 +88,10 @@ def channel_options(
         ("grpc.max_receive_message_length", 256 * 1024 * 1024),
         ("grpc.max_send_message_length", 256 * 1024 * 1024),
         ("grpc.enable_retries", 1 if retries > 0 else 0),
+        # gRPC retries only calls whose request fits its retry buffer (256 KiB by default):
+        # room for large batches too.
+        ("grpc.per_rpc_retry_buffer_size", 64 * 1024 * 1024),
+        ("grpc.retry_buffer_size", 256 * 1024 * 1024),
     ]
     config = service_config(retries, round_robin)
     if config:

@@ -23,8 +23,19 @@ from tensord_client._common import (
 )
 
 
+async def _chunks(call: Any) -> AsyncIterator[pb.GenerateResponse]:
+    try:
+        async for chunk in call:
+            yield chunk
+    finally:
+        call.cancel()  # a reader that stops early frees the server's sequence at once
+
+
 class AsyncClient:
-    """The asyncio twin of Client; create and use it inside one event loop."""
+    """The asyncio twin of Client; create and use it inside one event loop.
+
+    Closing it while calls run cancels them: they end with asyncio.CancelledError (the
+    sync client's raise grpc.RpcError CANCELLED)."""
 
     def __init__(
         self,
@@ -90,7 +101,7 @@ class AsyncClient:
         )
         return response
 
-    async def generate(
+    def generate(
         self,
         model: str,
         prompt: str | None = None,
@@ -101,16 +112,15 @@ class AsyncClient:
         request_id: str | None = None,
         **sampling: Any,
     ) -> AsyncIterator[pb.GenerateResponse]:
-        """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...)."""
+        """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...).
+
+        The call starts here (its deadline counts from now, and bad arguments raise here);
+        iterate the result with `async for`."""
         request = generate_request(model, prompt, token_ids, version, sampling)
         call = self._stub.Generate(
             request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
-        try:
-            async for chunk in call:
-                yield chunk
-        finally:
-            call.cancel()  # a reader that stops early frees the server's sequence at once
+        return _chunks(call)
 
     async def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
         """Server and model health."""

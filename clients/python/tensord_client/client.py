@@ -23,15 +23,24 @@ from tensord_client._common import (
 )
 
 
+def _chunks(call: Any) -> Iterator[pb.GenerateResponse]:
+    try:
+        yield from call
+    finally:
+        call.cancel()  # a reader that stops early frees the server's sequence at once
+
+
 class Client:
     """A connection to one tensord (or a load-balanced target list).
 
     `timeout` is the default deadline in seconds for each call (None: no deadline).
-    Calls that fail with UNAVAILABLE are retried up to `retries` times by gRPC itself.
+    Calls that fail with UNAVAILABLE are retried up to `retries` times (at most 4, gRPC's
+    own limit) by gRPC itself; a Generate stream is retried only before its first chunk.
     `token` is sent as `authorization: Bearer <token>` on every call. With
     `round_robin=True` and a target such as `ipv4:10.0.0.1:50051,10.0.0.2:50051` (or a DNS
     name with several addresses), calls are spread over every daemon and those not
-    reporting SERVING on grpc.health.v1 are skipped.
+    reporting SERVING on grpc.health.v1 are skipped (gRPC's health checks carry no
+    token: the daemons must keep `[auth] open_health = true`, the default).
     Errors surface as grpc.RpcError with the server's status code and message;
     `tensord_client.retry_after(error)` gives a rate limit's wait in seconds. An array
     whose dtype the contract cannot carry raises ValueError before anything is sent.
@@ -112,15 +121,15 @@ class Client:
         request_id: str | None = None,
         **sampling: Any,
     ) -> Iterator[pb.GenerateResponse]:
-        """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...)."""
+        """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...).
+
+        The call starts here (its deadline counts from now, and bad arguments raise here).
+        Stopping the iteration early, or closing or dropping the iterator, cancels it."""
         request = generate_request(model, prompt, token_ids, version, sampling)
         call = self._stub.Generate(
             request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
-        try:
-            yield from call
-        finally:
-            call.cancel()  # a reader that stops early frees the server's sequence at once
+        return _chunks(call)
 
     def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
         """Server and model health."""

@@ -137,6 +137,11 @@ class DynamicBatcher:
         try:
             return await pending.future
         finally:
+            # gRPC ended the call at its deadline before our timer did (cancelling the task
+            # cancels the future it awaits): an expired request all the same.
+            unanswered = pending.future.cancelled() or not pending.future.done()
+            if unanswered and deadline is not None and time.monotonic() >= deadline:
+                self.stats.expired += 1
             # A request that is still queued is skipped when the next batch forms.
             pending.future.cancel()
             if timer is not None:
@@ -245,7 +250,7 @@ class DynamicBatcher:
             if not live:
                 return
             result = await self._run_batch([p.inputs for p in live], live[0].output_names)
-            self._record(live)
+            self._record(live, [p for p in live if not p.future.done()])
             offset = 0
             for pending in live:
                 if not pending.future.done():
@@ -260,13 +265,15 @@ class DynamicBatcher:
         finally:
             self._slots.release()
 
-    def _record(self, batch: list[Pending]) -> None:
-        rows = sum(p.size for p in batch)
+    def _record(self, ran: list[Pending], served: list[Pending]) -> None:
+        """A batch of `ran` ran; `served` are those still waiting for it when it ended (a
+        request whose deadline passed while it ran counts as expired, not served)."""
+        rows = sum(p.size for p in ran)
         stats = self.stats
         stats.batches += 1
-        stats.requests += len(batch)
-        stats.rows += rows
         stats.batch_sizes[rows] = stats.batch_sizes.get(rows, 0) + 1
+        stats.requests += len(served)
+        stats.rows += sum(p.size for p in served)
 
     async def close(self) -> None:
         """Stop forming batches; queued requests fail UNAVAILABLE, running ones finish."""

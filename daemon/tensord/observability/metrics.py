@@ -11,6 +11,7 @@ Names follow the Prometheus conventions: a `tensord_` prefix, base units in the 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -126,7 +127,7 @@ class GenerationMetrics:
         self._prompt_tokens = _Children(
             Counter(
                 "tensord_prompt_tokens",
-                "Prompt tokens of Generate requests admitted.",
+                "Prompt tokens of Generate requests admitted (counted at their first chunk).",
                 ["model"],
                 registry=registry,
             )
@@ -151,10 +152,12 @@ class GenerationMetrics:
         )
 
     def stream(self, model: str, arrived: float | None = None, prompt_tokens: int = 0) -> Stream:
-        """A recorder for one Generate stream; `arrived` is its time.perf_counter() arrival."""
-        if prompt_tokens:
-            self._prompt_tokens.get(model).inc(prompt_tokens)
+        """A recorder for one Generate stream; `arrived` is its time.perf_counter() arrival.
+        Its prompt tokens count at its first chunk: a request the engine refuses (queue
+        full, too long for the pool) never counts."""
+        prompt = functools.partial(self._prompt_tokens.get(model).inc, prompt_tokens)
         return Stream(
+            prompt,
             self._tokens.get(model).inc,
             self._ttft.get(model).observe,
             self._itl.get(model).observe,
@@ -165,21 +168,26 @@ class GenerationMetrics:
 class Stream:
     """One stream's token timing: the first token observes TTFT, later ones the gap."""
 
-    __slots__ = ("_arrived", "_count", "_itl", "_last", "_ttft")
+    __slots__ = ("_arrived", "_count", "_itl", "_last", "_prompt", "_ttft")
 
     def __init__(
         self,
+        prompt: Callable[[], None],
         count: Callable[[float], None],
         ttft: Callable[[float], None],
         itl: Callable[[float], None],
         arrived: float,
     ) -> None:
+        self._prompt: Callable[[], None] | None = prompt
         self._count, self._ttft, self._itl = count, ttft, itl
         self._last: float | None = None
         self._arrived = arrived
 
     def tokens(self, n: int = 1, now: float | None = None) -> None:
         """`n` tokens were emitted together at `now` (time.perf_counter())."""
+        if self._prompt is not None:  # the first chunk: the engine admitted the request
+            self._prompt()
+            self._prompt = None
         if n <= 0:
             return
         now = time.perf_counter() if now is None else now

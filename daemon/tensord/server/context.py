@@ -129,6 +129,19 @@ async def _fail(
     await context.abort(code, message, trailing_metadata=trailers)
 
 
+def _cancelled(servicer: Any, rpc: str, request: Any, start: float, rid: str, context: Ctx) -> None:
+    """Record a call gRPC ended under the handler: the client's deadline passed (what the
+    client sees is DEADLINE_EXCEEDED) or the client went away (CANCELLED)."""
+    remaining = context.time_remaining()
+    code = (
+        grpc.StatusCode.DEADLINE_EXCEEDED
+        if remaining is not None and remaining <= 0
+        else grpc.StatusCode.CANCELLED
+    )
+    log.info("request.cancelled", request_id=rid, rpc=rpc, status=code.name)
+    _observe(servicer, rpc, request, code, start, rid, context)
+
+
 def _bounded(message: str) -> str:
     if len(message) <= _MAX_MESSAGE:
         return message
@@ -193,8 +206,7 @@ def unary_rpc(
                 raise request.as_error()
             response = await method(self, request, context, rid)
         except asyncio.CancelledError:
-            log.info("request.cancelled", request_id=rid, rpc=rpc)
-            _observe(self, rpc, request, grpc.StatusCode.CANCELLED, start, rid, context)
+            _cancelled(self, rpc, request, start, rid, context)
             raise
         except Exception as exc:
             await _fail(self, request, context, rid, rpc, start, exc)
@@ -222,8 +234,7 @@ def stream_rpc(
             async for item in method(self, request, context, rid):
                 yield item
         except (asyncio.CancelledError, GeneratorExit):
-            log.info("request.cancelled", request_id=rid, rpc=rpc)
-            _observe(self, rpc, request, grpc.StatusCode.CANCELLED, start, rid, context)
+            _cancelled(self, rpc, request, start, rid, context)
             raise
         except Exception as exc:
             await _fail(self, request, context, rid, rpc, start, exc)

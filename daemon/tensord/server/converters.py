@@ -164,7 +164,8 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
         max_batch_size=mv.config.max_batch_size,
         load_time_ms=mv.load_time_s * 1e3,
         kind=mv.kind,
-        instance_count=mv.config.instance_count,
+        # A generator's engine runs one step at a time, whatever model.toml's default says.
+        instance_count=1 if mv.kind == "generator" else mv.config.instance_count,
     )
     if mv.placement is not None:
         info.provider = mv.placement.provider
