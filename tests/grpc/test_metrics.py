@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -200,12 +201,18 @@ def test_a_call_past_its_deadline_counts_as_deadline_exceeded(metrics_repo: Path
                     )  # fmt: skip
                 assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert srv.server is not None
-        found = samples(scrape(srv.server.observability.port))
-        codes = {
-            dict(labels)["code"]: v
-            for (name, labels), v in found.items()
-            if name == "tensord_requests_total" and ("rpc", "Generate") in labels
-        }
+        # The client hears its deadline first; the server records the call a moment later.
+        end = time.monotonic() + 10
+        while True:
+            found = samples(scrape(srv.server.observability.port))
+            codes = {
+                dict(labels)["code"]: v
+                for (name, labels), v in found.items()
+                if name == "tensord_requests_total" and ("rpc", "Generate") in labels
+            }
+            if sum(codes.values()) >= 3 or time.monotonic() > end:
+                break
+            time.sleep(0.05)
         assert codes == {"DEADLINE_EXCEEDED": 3.0}
     finally:
         srv.stop()
