@@ -123,3 +123,32 @@ async def test_async_client(server: ServerThread, test_repo: Path) -> None:
     (expected,) = reference(test_repo / "mlp" / "1" / "model.onnx", {"input": x})
     assert out["output"].tobytes() == expected.tobytes()
     assert health.status == 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "int64"])
+def test_scalar_tensors_keep_their_rank(tmp_path: Path, dtype: str) -> None:
+    import onnx
+    from onnx import helper
+
+    from tests.conftest import start_server
+
+    elem = IDENTITY_DTYPES[dtype]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "scalar",
+        [helper.make_tensor_value_info("x", elem, [])],
+        [helper.make_tensor_value_info("y", elem, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "scalar" / "1").mkdir(parents=True)
+    onnx.save(model, tmp_path / "scalar" / "1" / "model.onnx")
+    numpy_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.array(3, dtype=numpy_dtype)
+    srv = start_server(tmp_path)
+    try:
+        with Client(srv.target, retries=0) as client:
+            y = client.predict("scalar", {"x": x})["y"]
+    finally:
+        srv.stop()
+    assert y.shape == () and y.dtype == x.dtype and y.tobytes() == x.tobytes()
