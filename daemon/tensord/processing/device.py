@@ -20,7 +20,7 @@ from cuda.bindings import runtime as cudart
 from tensord import dtypes
 from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
 from tensord.errors import InternalError, ModelLoadError
-from tensord.executor.cuda.executor import ONNX_TYPES
+from tensord.executor.cuda.executor import ONNX_TYPES, release_output
 from tensord.executor.cuda.pools import CudaBuffer, DevicePool
 from tensord.executor.cuda.runtime import check
 from tensord.kernels import gpu
@@ -151,7 +151,7 @@ class DeviceProcessedBackend:
         native TensorRT backend's) go back to their pool: dropping them would lose a
         buffer a batch."""
         for value in self._held:
-            _release_output(value)
+            release_output(value)
         self._held.clear()
 
     def _release_taken(self) -> None:
@@ -169,7 +169,7 @@ class DeviceProcessedBackend:
             made = self._postprocess(values, geo)
         except BaseException:
             for value in values.values():  # nothing reaches the executor: give them back
-                _release_output(value)
+                release_output(value)
             raise
         served.update(made)
         # Scratch (the model input, consumed model outputs) lives until the next batch.
@@ -248,11 +248,3 @@ class DeviceProcessedBackend:
         self._drop_held()
         self.pool.clear()
         self.inner.close()
-
-
-def _release_output(value: object) -> None:
-    """Return a model output to its pool when it came from one (a DeviceOutput); an
-    OrtValue or a host array frees itself when dropped."""
-    release = getattr(value, "release", None)
-    if callable(release):
-        release()

@@ -34,6 +34,14 @@ ONNX_TYPES = {
 }  # fmt: skip
 
 
+def release_output(value: object) -> None:
+    """Return a backend output to its pool when it came from one (the native TensorRT
+    backend's DeviceOutput); an OrtValue or a host array frees itself when dropped."""
+    release = getattr(value, "release", None)
+    if callable(release):
+        release()
+
+
 @dataclass(slots=True)
 class Lane:
     """One CUDA stream, its completion event and its backend session."""
@@ -119,9 +127,7 @@ class CudaExecutor(LaneExecutor):
             for pool, buffer in taken:
                 pool.release(buffer)
             for value in held:
-                release = getattr(value, "release", None)
-                if release is not None:
-                    release()
+                release_output(value)
             # An error the stream reports here (a kernel that faulted after its launch was
             # accepted) is the batch's real error: a sticky one must reach the daemon as a
             # lost device, not as whatever the batch failed with first.
