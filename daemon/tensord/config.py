@@ -20,7 +20,7 @@ from tensord.config_tables import (
     TracingSettings,
 )
 from tensord.errors import ConfigError
-from tensord.tomlfile import read_toml
+from tensord.files import read_toml
 
 ENV_PREFIX = "TENSORD_"
 

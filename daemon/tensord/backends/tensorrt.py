@@ -13,7 +13,6 @@ load error say whether it is there and why not.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import numpy as np
 from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
 from tensord.dtypes import DType
 from tensord.errors import InternalError, ModelLoadError
+from tensord.files import write_atomically
 from tensord.registry.model_config import ModelConfig, TensorRTConfig
 
 PROVIDER = "TensorRT (native)"
@@ -140,6 +140,7 @@ class TensorRTBackend:
 
     def _engine(self, path: Path, config: ModelConfig, cache: Path, gpu: str) -> bytes:
         model_bytes = path.read_bytes()
+        # path is <model>/<version>/model.onnx; the calibration file sits beside model.toml.
         calibration = check_int8(config, path.parent.parent)
         key = engine_key(
             model_bytes,
@@ -151,14 +152,19 @@ class TensorRTBackend:
         cached = cache / "engines" / f"{key}.engine"
         if cached.is_file():
             return cached.read_bytes()
-        engine = self._build(model_bytes, config, path, cache / "timing.cache")
-        _write_atomically(cached, engine)
+        engine = self._build(model_bytes, config, path, cache / "timing.cache", calibration)
+        write_atomically(cached, engine)
         return engine
 
-    def _build(self, model_bytes: bytes, config: ModelConfig, path: Path, timing: Path) -> bytes:
+    def _build(
+        self,
+        model_bytes: bytes,
+        config: ModelConfig,
+        path: Path,
+        timing: Path,
+        calibration: Path | None,
+    ) -> bytes:
         trt = self._trt
-        # path is <model>/<version>/model.onnx; the calibration file sits beside model.toml.
-        model_dir = path.parent.parent
         builder = trt.Builder(self._logger)
         # TensorRT 10 networks are always explicit-batch (the flag is deprecated and
         # ignored); before 10, flags 0 means implicit batch, which the ONNX parser refuses.
@@ -175,7 +181,6 @@ class TensorRTBackend:
         options = config.tensorrt
         if options.fp16:
             build.set_flag(trt.BuilderFlag.FP16)
-        calibration = check_int8(config, model_dir)
         calibrator = None
         if calibration is not None:
             if network.num_inputs != 1:
@@ -218,7 +223,7 @@ class TensorRTBackend:
         serialized = builder.build_serialized_network(network, build)
         if serialized is None:
             raise ModelLoadError("TensorRT failed to build an engine (see its log above)")
-        _write_atomically(timing, bytes(build.get_timing_cache().serialize()))
+        write_atomically(timing, bytes(build.get_timing_cache().serialize()))
         return bytes(serialized)
 
     def _signature(self) -> tuple[list[TensorSpec], list[TensorSpec]]:
@@ -277,18 +282,6 @@ class TensorRTBackend:
         self._engine_obj = None
         self._runtime = None
         self._outputs_pool.clear()
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write through a temporary file of this process and thread, then rename: a
-    concurrent loader sees all of it or none, and concurrent builds do not share a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _calibration_samples(trt: Any, samples: np.ndarray, tensor: Any, batch: int) -> np.ndarray:

@@ -8,15 +8,13 @@ file and are renamed into place, so a crash never leaves a truncated entry.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from tensord.files import write_atomically
 from tensord.kernels.compiler import COMPILE_OPTIONS, compile_cubin, nvrtc_version
 from tensord.kernels.sources import SourceBundle, load_source
 
@@ -88,15 +86,7 @@ def forget(entry: CachedKernel) -> None:
 
 
 def _store(path: Path, data: bytes) -> None:
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_atomically(path, data)
     except OSError as exc:  # a read-only cache costs a compile per start, nothing more
         log.warning("kernels.cache_unwritable", path=str(path), error=str(exc))
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)

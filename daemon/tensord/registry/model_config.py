@@ -18,9 +18,9 @@ from tensord import dtypes
 from tensord.backends.providers import normalise_provider
 from tensord.config import format_validation_error
 from tensord.errors import ModelLoadError
+from tensord.files import read_toml
 from tensord.processing.config import PostprocessConfig, PreprocessConfig
 from tensord.registry.generator_config import GeneratorConfig
-from tensord.tomlfile import read_toml
 
 MODEL_TOML = "model.toml"
 

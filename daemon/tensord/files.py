@@ -1,7 +1,11 @@
-"""Reading a TOML file, with one clear message for each way it cannot be read."""
+"""Files the daemon reads and writes: TOML with one clear message for each way it cannot be
+read, and caches written atomically."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,3 +26,19 @@ def read_toml(path: Path, error: type[Exception], label: str = "") -> dict[str, 
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: not valid TOML: {exc}") from None
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` through a temporary file of its own beside `path`, then rename: a
+    concurrent reader sees all of it or none, and concurrent writers never share a
+    temporary file. OSError when it cannot be written (the temporary file is removed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
