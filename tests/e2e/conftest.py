@@ -100,11 +100,10 @@ def wait_serving(target: str, timeout: float = 60) -> None:
     raise TimeoutError(f"tensord at {target} did not become SERVING in {timeout}s")
 
 
-def start_daemon(repo: Path, log_path: Path, *extra: str) -> Daemon:
-    """`python -m tensord.cli serve` on 127.0.0.1:0, JSON logs to a file; the port comes
-    from its "server.listening" line."""
+def spawn_daemon(repo: Path, log_path: Path, *extra: str) -> subprocess.Popen[str]:
+    """`python -m tensord.cli serve` on 127.0.0.1:0, JSON logs to a file; not waited for."""
     with log_path.open("w") as log_file:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -123,6 +122,12 @@ def start_daemon(repo: Path, log_path: Path, *extra: str) -> Daemon:
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+
+
+def start_daemon(repo: Path, log_path: Path, *extra: str) -> Daemon:
+    """A daemon serving `repo` (spawn_daemon), once health says SERVING; the port comes
+    from its "server.listening" line."""
+    process = spawn_daemon(repo, log_path, *extra)
     try:
         target = f"127.0.0.1:{listening_port(log_path, process)}"
         try:

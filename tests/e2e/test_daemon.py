@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 
 from tensord_client import Client
-from tests.e2e.conftest import LOOPBACK_ANY_PORT, Daemon, start_daemon
+from tests.e2e.conftest import (
+    Daemon,
+    log_events,
+    spawn_daemon,
+    start_daemon,
+    wait_for_event,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +36,7 @@ def tensorctl(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_startup_logs_one_line_per_model(daemon: Daemon) -> None:
-    events = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
+    events = log_events(daemon.log_path)
     loaded = {e["model"]: e for e in events if e["event"] == "model.loaded"}
     assert set(loaded) == {"mlp", "cnn", "classifier", "tinylm"}
     for entry in loaded.values():
@@ -120,9 +126,7 @@ def test_sigterm_drains_in_flight_calls(test_repo: Path, tmp_path: Path) -> None
                 results = [c.result(timeout=60) for c in calls]
         assert all(r["y"].shape == (batch, 1024) for r in results)
         assert daemon.process.wait(60) == 0
-        events = [
-            json.loads(line)["event"] for line in daemon.log().splitlines() if line.startswith("{")
-        ]
+        events = [e["event"] for e in log_events(daemon.log_path)]
         assert events[-2:] == ["server.draining", "server.stopped"]
         with (
             Client(daemon.target, timeout=2, retries=0) as client,
@@ -161,30 +165,15 @@ def _slow_warm_up_model(path: Path, layers: int = 300, n: int = 1024) -> None:
 def test_sigterm_while_models_load_drains_at_once(tmp_path: Path) -> None:
     _slow_warm_up_model(tmp_path / "repo" / "warm" / "1" / "model.onnx")
     log_path = tmp_path / "tensord.log"
-    with log_path.open("w") as log_file:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "tensord.cli", "serve", "--listen",
-                LOOPBACK_ANY_PORT, "--model-repository", str(tmp_path / "repo"),
-                "--log-format", "json",
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    process = spawn_daemon(tmp_path / "repo", log_path)
     try:
-        deadline = time.monotonic() + 60
-        while '"server.devices"' not in log_path.read_text():  # loading has begun
-            assert time.monotonic() < deadline and process.poll() is None, log_path.read_text()
-            time.sleep(0.05)
+        wait_for_event(log_path, "server.devices", process)  # loading has begun
         time.sleep(0.3)
         start = time.monotonic()
         process.send_signal(15)
         assert process.wait(60) == 0
         took = time.monotonic() - start
-        events = [
-            json.loads(line)["event"] for line in log_path.read_text().splitlines()
-            if line.startswith("{")
-        ]  # fmt: skip
+        events = [e["event"] for e in log_events(log_path)]
         assert "model.loaded" not in events  # the warm-up (several seconds) was not awaited
         assert events[-3:] == ["server.draining", "server.stopped", "server.exit_during_load"]
         assert took < 5, took

@@ -4,7 +4,6 @@ STOPPING=1, and the process exits 75 so that Restart=on-failure starts a fresh o
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ from onnx import TensorProto
 
 from tensord.server.app import EXIT_DEVICE_LOST
 from tensord_client import Client
-from tests.e2e.conftest import LOOPBACK_ANY_PORT, listening_port, wait_serving
+from tests.e2e.conftest import LOOPBACK_ANY_PORT, listening_port, log_events, wait_serving
 from tests.models import build_identity, build_slow
 from tests.notify_socket import NotifyListener
 from tests.tools import ROOT
@@ -100,8 +99,7 @@ def test_sticky_cuda_error_drains_and_exits_non_zero(repo: Path, tmp_path: Path)
     statuses = [m.get("STATUS", "") for m in listener.messages]
     lost_status = "device lost, restarting: cudaStreamSynchronize failed"
     assert any(s.startswith(lost_status) for s in statuses)
-    lines = log_path.read_text().splitlines()
-    events = [json.loads(line) for line in lines if line.startswith("{")]
+    events = log_events(log_path)
     lost = next(e for e in events if e["event"] == "device.lost")
     assert lost["level"] == "critical" and lost["exit_code"] == EXIT_DEVICE_LOST
     stopped = next(e for e in events if e["event"] == "server.stopped")

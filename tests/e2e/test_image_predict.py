@@ -16,7 +16,7 @@ from tensord.backends.onnxruntime import session_options
 from tensord.kernels import Normalisation, resize_normalize, softmax_topk
 from tensord.registry.model_config import ModelConfig
 from tensord_client import Client
-from tests.e2e.conftest import Daemon
+from tests.e2e.conftest import Daemon, log_events
 
 pytestmark = pytest.mark.e2e
 
@@ -65,6 +65,6 @@ def test_classifier_serves_top_k_for_a_photo(daemon: Daemon, demo_repo: Path) ->
     )  # fmt: skip
     model = next(m for m in json.loads(listed.stdout)["models"] if m["name"] == "classifier")
     assert model["preprocess"]["kind"] == "resize" and model["postprocess"]["kind"] == "topk"
-    events = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
+    events = log_events(daemon.log_path)
     loaded = next(e for e in events if e["event"] == "model.loaded" and e["model"] == "classifier")
     assert loaded["processing"] == [f"resize:{expected_device}", f"topk:{expected_device}"]
