@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tensord.backends.base import Backend
 from tensord.demo import IR_VERSION, OPSET, build_demo_repository
 
 # Every dtype the contract carries, with the ONNX type that holds it.
@@ -179,3 +181,20 @@ def _build_double(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
     )
     return _save(graph, path)
+
+
+class WrappedBackend:
+    """A real backend that a test subclass intercepts in `run` (to inject a fault, or to
+    record what it is given); signature, placement and close are the inner backend's."""
+
+    def __init__(self, inner: Backend) -> None:
+        self._inner = inner
+        self.inputs, self.outputs, self.placement = inner.inputs, inner.outputs, inner.placement
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
+        return self._inner.run(inputs, output_names)
+
+    def close(self) -> None:
+        self._inner.close()

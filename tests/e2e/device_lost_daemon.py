@@ -23,16 +23,13 @@ from tensord.logs import configure_logging
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.registry import default_backend_factory
 from tensord.server.app import TensordServer
+from tests.models import WrappedBackend
 
 MARKER = -999.0
 
 
-class StickyFaultBackend:
+class StickyFaultBackend(WrappedBackend):
     """An ONNX Runtime backend whose run fails the way a lost CUDA context does."""
-
-    def __init__(self, inner: Backend) -> None:
-        self._inner = inner
-        self.inputs, self.outputs, self.placement = inner.inputs, inner.outputs, inner.placement
 
     def run(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
@@ -40,10 +37,7 @@ class StickyFaultBackend:
         if any(np.any(array == MARKER) for array in inputs.values()):
             # The checked-call path a CUDA executor takes on cudaStreamSynchronize.
             check((cudart.cudaError_t.cudaErrorIllegalAddress,), "cudaStreamSynchronize")
-        return self._inner.run(inputs, output_names)
-
-    def close(self) -> None:
-        self._inner.close()
+        return super().run(inputs, output_names)
 
 
 def factory(path: Path, config: ModelConfig, where: DeviceOptions) -> Backend:

@@ -24,6 +24,7 @@ from tensord.registry.model_config import ModelConfig
 from tensord.registry.registry import BackendFactory, default_backend_factory
 from tensord_client import Client
 from tests.conftest import ServerThread, serve
+from tests.models import WrappedBackend
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -57,33 +58,28 @@ def reference(path: Path, x: np.ndarray) -> np.ndarray:
     return np.asarray(out)
 
 
-class FaultyBackend:
+class FaultyBackend(WrappedBackend):
     """A real ONNX Runtime backend that fails, without poisoning anything, on the marker."""
 
     def __init__(self, inner: Backend, error: Exception) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._error = error
-        self.inputs, self.outputs, self.placement = inner.inputs, inner.outputs, inner.placement
 
     def run(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> list[np.ndarray]:
         if any(array.size and array.flat[0] == MARKER for array in inputs.values()):
             raise self._error
-        return self._inner.run(inputs, output_names)
-
-    def close(self) -> None:
-        self._inner.close()
+        return super().run(inputs, output_names)
 
 
-class MemoryBoundBackend:
+class MemoryBoundBackend(WrappedBackend):
     """A real ONNX Runtime backend that runs out of memory above OOM_ROWS rows, and records
     the rows of every run it is given."""
 
     def __init__(self, inner: Backend, seen: list[int]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.seen = seen
-        self.inputs, self.outputs, self.placement = inner.inputs, inner.outputs, inner.placement
 
     def run(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
@@ -92,10 +88,7 @@ class MemoryBoundBackend:
         self.seen.append(rows)
         if rows > OOM_ROWS:
             raise OutOfMemoryError(f"out of memory running the batch: {rows} rows")
-        return self._inner.run(inputs, output_names)
-
-    def close(self) -> None:
-        self._inner.close()
+        return super().run(inputs, output_names)
 
 
 def test_drain_delay_answers_unavailable_before_the_server_stops(small_repo: Path) -> None:
