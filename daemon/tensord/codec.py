@@ -107,39 +107,53 @@ def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
     Raw data is wrapped without copying (the array is read-only). STRING elements decode
     to Python str (UTF-8).
     """
-    label = f"{where} {tensor.name!r}"
-    dtype = _decode_dtype(tensor.dtype, label)
+    dtype = _DTYPES.get(tensor.dtype)
     shape = tuple(tensor.shape)
-    if len(shape) > MAX_RANK:
-        raise InvalidArgumentError(
-            f"{label}: shape has rank {len(shape)}; at most {MAX_RANK} dimensions are supported"
-        )
-    for dim in shape:
-        if dim < 0:
-            raise InvalidArgumentError(
-                f"{label}: shape {shape_text(shape)} has a negative dimension; "
-                "every dimension must be >= 0"
-            )
-    if math.prod(d for d in shape if d) * max(dtype.itemsize, 8) > _MAX_BYTES:
-        raise InvalidArgumentError(
-            f"{label}: shape {shape_text(shape)} is too large to hold in memory "
-            f"(more than {_MAX_BYTES} bytes, zero dimensions aside)"
-        )
+    if dtype is None or len(shape) > MAX_RANK or (shape and min(shape) < 0):
+        _refuse_header(tensor, shape, _label(where, tensor))
+    assert dtype is not None  # _refuse_header raised otherwise
     count = math.prod(shape)
+    nonzero = count if count else math.prod(d for d in shape if d)
+    if nonzero * max(dtype.itemsize, 8) > _MAX_BYTES:
+        raise InvalidArgumentError(
+            f"{_label(where, tensor)}: shape {shape_text(shape)} is too large to hold in "
+            f"memory (more than {_MAX_BYTES} bytes, zero dimensions aside)"
+        )
     kind = tensor.WhichOneof("data")
+    if kind == "raw_data":
+        return tensor.name, _decode_raw(tensor.raw_data, dtype, shape, count, where, tensor)
     if kind is None:
         if count != 0:
             expected = (
                 f"{count * dtype.itemsize} bytes of raw_data" if dtype.itemsize else "raw_data"
             )
             raise InvalidArgumentError(
-                f"{label}: no data for shape {shape_text(shape)} ({count} elements); "
-                f"set {expected} or contents.{CONTENTS_FIELD[dtype]}"
+                f"{_label(where, tensor)}: no data for shape {shape_text(shape)} ({count} "
+                f"elements); set {expected} or contents.{CONTENTS_FIELD[dtype]}"
             )
         return tensor.name, np.empty(shape, dtype=dtype.numpy)
-    if kind == "raw_data":
-        return tensor.name, _decode_raw(tensor.raw_data, dtype, shape, count, label)
+    label = _label(where, tensor)
     return tensor.name, _decode_contents(tensor.contents, dtype, shape, count, label)
+
+
+_DTYPES = {int(d): d for d in DType}
+
+
+def _label(where: str, tensor: pb.Tensor) -> str:
+    """How an error message names a tensor: `inputs[0] 'x'` (built only on error)."""
+    return f"{where} {tensor.name!r}"
+
+
+def _refuse_header(tensor: pb.Tensor, shape: tuple[int, ...], label: str) -> None:
+    """InvalidArgumentError for a bad dtype, rank or dimension."""
+    _decode_dtype(tensor.dtype, label)
+    if len(shape) > MAX_RANK:
+        raise InvalidArgumentError(
+            f"{label}: shape has rank {len(shape)}; at most {MAX_RANK} dimensions are supported"
+        )
+    raise InvalidArgumentError(
+        f"{label}: shape {shape_text(shape)} has a negative dimension; every dimension must be >= 0"
+    )
 
 
 def _decode_dtype(value: int, label: str) -> DType:
@@ -153,15 +167,16 @@ def _decode_dtype(value: int, label: str) -> DType:
 
 
 def _decode_raw(
-    raw: bytes, dtype: DType, shape: tuple[int, ...], count: int, label: str
+    raw: bytes, dtype: DType, shape: tuple[int, ...], count: int, where: str, tensor: pb.Tensor
 ) -> np.ndarray:
     if dtype is DType.STRING:
-        return _decode_raw_strings(raw, shape, count, label)
+        return _decode_raw_strings(raw, shape, count, _label(where, tensor))
     expected = count * dtype.itemsize
     if len(raw) != expected:
         raise InvalidArgumentError(
-            f"{label}: raw_data has {len(raw)} bytes, but shape {shape_text(shape)} of "
-            f"{dtype_name(dtype)} needs {expected} ({count} elements x {dtype.itemsize} bytes)"
+            f"{_label(where, tensor)}: raw_data has {len(raw)} bytes, but shape "
+            f"{shape_text(shape)} of {dtype_name(dtype)} needs {expected} ({count} elements x "
+            f"{dtype.itemsize} bytes)"
         )
     array = np.frombuffer(raw, dtype=dtype.numpy, count=count)
     if dtype is DType.BOOL and count:
@@ -169,8 +184,8 @@ def _decode_raw(
         if bad.size:
             i = int(bad[0])
             raise InvalidArgumentError(
-                f"{label}: raw_data byte {i} is {raw[i]}; BOOL raw_data is one byte per "
-                "element, 0 or 1"
+                f"{_label(where, tensor)}: raw_data byte {i} is {raw[i]}; BOOL raw_data is one "
+                "byte per element, 0 or 1"
             )
     return array.reshape(shape)
 
@@ -251,16 +266,23 @@ def _decode_contents(
 
 def encode_tensor(name: str, array: np.ndarray, *, contents: bool = False) -> pb.Tensor:
     """A Tensor message for an array: raw bytes by default, typed contents on request."""
+    tensor = pb.Tensor()
+    fill_tensor(tensor, name, array, contents=contents)
+    return tensor
+
+
+def fill_tensor(tensor: pb.Tensor, name: str, array: np.ndarray, *, contents: bool) -> None:
+    """Fill an empty Tensor message (one of a reply's outputs) with an array."""
     dtype = _array_dtype(array, name)
-    tensor = pb.Tensor(name=name, dtype=pb_dtype(dtype), shape=array.shape)
+    tensor.name = name
+    tensor.dtype = pb_dtype(dtype)
+    tensor.shape.extend(array.shape)
     if contents:
         _fill_contents(tensor.contents, array, dtype)
     elif dtype is DType.STRING:
         tensor.raw_data = encode_raw_strings(array.reshape(-1))
     else:
-        data = np.ascontiguousarray(array, dtype=dtype.numpy)
-        tensor.raw_data = data.tobytes()
-    return tensor
+        tensor.raw_data = np.ascontiguousarray(array, dtype=dtype.numpy).tobytes()
 
 
 def _array_dtype(array: np.ndarray, name: str) -> DType:

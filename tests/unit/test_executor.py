@@ -199,3 +199,34 @@ async def test_a_deadline_that_passes_while_running_is_answered_on_time() -> Non
     while executor.stats().running:  # the run ends on its own; its answer goes nowhere
         await asyncio.sleep(0.05)
     executor.close()
+
+
+async def test_a_cancelled_queued_run_never_runs() -> None:
+    backend = Doubler(delay=0.2)
+    executor = CpuExecutor("m", backend, lanes=1)
+    x = {"x": np.ones((1, 2), np.float32)}
+    running = asyncio.create_task(executor.run([x], ["y"]))
+    await asyncio.sleep(0.05)
+    queued = asyncio.create_task(executor.run([x], ["y"]))
+    await asyncio.sleep(0.01)
+    assert executor.stats().queue_depth == 1
+    queued.cancel()  # the client went away while it waited
+    await asyncio.sleep(0)
+    assert executor.stats().queue_depth == 0
+    await running
+    await asyncio.sleep(0.05)  # the lane has taken the dropped run off the queue by now
+    assert executor.stats().started == 1  # the cancelled one never started
+    executor.close()
+    with pytest.raises(UnavailableError, match="unloaded"):  # after close: refused at once
+        await executor.run([x], ["y"])
+
+
+def test_lanes_exit_when_closed() -> None:
+    executor = CpuExecutor("closing", Doubler(), lanes=3)
+    lanes = {"cpu-closing_0", "cpu-closing_1", "cpu-closing_2"}
+    assert lanes <= {t.name for t in threading.enumerate()}
+    executor.close()
+    deadline = time.monotonic() + 5
+    while lanes & {t.name for t in threading.enumerate()}:
+        assert time.monotonic() < deadline, "lanes still running after close()"
+        time.sleep(0.01)

@@ -72,6 +72,9 @@ class BatcherStats:
 
 def batch_key(inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> tuple[object, ...]:
     """Requests with equal keys can be joined: same names, dtypes, non-batch dims, outputs."""
+    if len(inputs) == 1:  # the common case, without the sort
+        ((name, a),) = inputs.items()
+        return (((name, a.dtype.str, a.shape[1:]),), tuple(output_names))
     parts = tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted(inputs.items()))
     return (parts, tuple(output_names))
 

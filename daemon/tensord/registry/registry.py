@@ -310,14 +310,18 @@ class ModelRegistry:
         """Every version of one model; NOT_FOUND for an unknown name."""
         versions = self._models.get(name)
         if versions is None:
-            known = ", ".join(self.names()) or "none"
-            raise NotFoundError(f"model {name!r} not found; models: {known}")
+            raise self._not_found(name)
         return [mv for _, mv in sorted(versions.items())]
+
+    def _not_found(self, name: str) -> NotFoundError:
+        known = ", ".join(self.names()) or "none"
+        return NotFoundError(f"model {name!r} not found; models: {known}")
 
     def get(self, name: str, version: int = 0) -> ModelVersion:
         """The version to serve; NOT_FOUND for unknown names/versions, UNAVAILABLE if not ready."""
-        self.get_versions(name)
-        versions = self._models[name]
+        versions = self._models.get(name)
+        if versions is None:
+            raise self._not_found(name)
         if version:
             entry = versions.get(version)
             if entry is None:
@@ -328,10 +332,12 @@ class ModelRegistry:
             if entry.state is not ModelState.READY:
                 raise UnavailableError(_not_ready(entry))
             return entry
-        ready = [mv for v, mv in sorted(versions.items()) if mv.state is ModelState.READY]
-        if not ready:
+        newest = max(
+            (v for v, mv in versions.items() if mv.state is ModelState.READY), default=None
+        )
+        if newest is None:
             raise UnavailableError(_not_ready(versions[max(versions)]))
-        return ready[-1]
+        return versions[newest]
 
     async def close(self) -> None:
         """Mark every version UNLOADING, then free the backends (and any being retired)."""

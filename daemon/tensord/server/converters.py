@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from tensord.backends.base import TensorSpec
-from tensord.codec import decode_tensor, encode_tensor, pb_dtype
+from tensord.codec import decode_tensor, fill_tensor, pb_dtype
 from tensord.dataplane import GenerateCall, HealthReport, PredictCall, PredictResult, ServerInfo
 from tensord.executor.base import ExecutorStats
 from tensord.generate.outputs import RequestOutput
@@ -30,16 +30,16 @@ def predict_response(
 ) -> pb.PredictResponse:
     """Encode a PredictResult, raw bytes unless typed contents were asked for."""
     contents = encoding == pb.TENSOR_ENCODING_CONTENTS
-    return pb.PredictResponse(
-        model=result.model,
-        version=result.version,
-        outputs=[encode_tensor(name, array, contents=contents) for name, array in result.outputs],
-        timing=pb.Timing(
-            queue_us=int(result.queue_s * 1e6),
-            compute_us=int(result.compute_s * 1e6),
-            total_us=total_us,
-        ),
-    )
+    response = pb.PredictResponse(model=result.model, version=result.version)
+    outputs = response.outputs
+    for name, array in result.outputs:
+        # Filled in place: a Tensor built apart and passed in would be copied once more.
+        fill_tensor(outputs.add(), name, array, contents=contents)
+    timing = response.timing
+    timing.queue_us = int(result.queue_s * 1e6)
+    timing.compute_us = int(result.compute_s * 1e6)
+    timing.total_us = total_us
+    return response
 
 
 def generate_call(request: pb.GenerateRequest, time_remaining: float | None) -> GenerateCall:

@@ -55,7 +55,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             call = converters.predict_call(request, remaining)
         result = await self._dataplane.predict(call)
         contents = request.output_encoding == pb.TENSOR_ENCODING_CONTENTS
-        self._check_response_size(result, contents)
+        offload = self._plan_reply(result, contents)
         total_us = int((time.perf_counter() - start) * 1e6)
         if self.observer is not None:
             self.observer.predict_timings(result.model, result.queue_s, result.compute_s)
@@ -71,23 +71,22 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 compute_us=int(result.compute_s * 1e6),
                 total_us=total_us,
             )
-        arrays = [a for _, a in result.outputs]
-        if (
-            sum(encode_cost(a, contents=contents) for a in arrays) > _INLINE_STEPS
-            or sum(a.nbytes for a in arrays) > _INLINE_BYTES
-        ):
+        if offload:
             return await asyncio.to_thread(
                 converters.predict_response, result, request.output_encoding, total_us
             )
         return converters.predict_response(result, request.output_encoding, total_us)
 
-    def _check_response_size(self, result: PredictResult, contents: bool) -> None:
-        """RESOURCE_EXHAUSTED before encoding outputs that cannot fit in one message."""
+    def _plan_reply(self, result: PredictResult, contents: bool) -> bool:
+        """One walk over the outputs: RESOURCE_EXHAUSTED before encoding outputs that cannot
+        fit in one message; else whether encoding them is big enough for a worker thread."""
+        floor = steps = nbytes = 0
+        for _, array in result.outputs:
+            floor += encoded_size_floor(array, contents=contents)
+            steps += encode_cost(array, contents=contents)
+            nbytes += array.nbytes
         limit = self.max_send_message_bytes
-        if not limit:
-            return
-        floor = sum(encoded_size_floor(a, contents=contents) for _, a in result.outputs)
-        if floor > limit:
+        if limit and floor > limit:
             hint = (
                 "ask for output_encoding RAW (more compact), or fewer outputs with output_names"
                 if contents
@@ -98,6 +97,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 f"{'typed contents' if contents else 'raw bytes'}, more than the "
                 f"{limit} a reply may have (server.max_send_message_bytes); {hint}"
             )
+        return steps > _INLINE_STEPS or nbytes > _INLINE_BYTES
 
     @stream_rpc
     async def Generate(
