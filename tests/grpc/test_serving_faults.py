@@ -24,7 +24,7 @@ from tensord.registry.model_config import ModelConfig
 from tensord.registry.registry import BackendFactory, default_backend_factory
 from tensord_client import Client
 from tests.conftest import ServerThread, serve
-from tests.models import WrappedBackend
+from tests.models import WrappedBackend, build_slow
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -211,3 +211,37 @@ def test_out_of_memory_splits_a_batch_but_not_a_whole_tensor(oom_repo: Path) -> 
     err = caught.value
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert err.details() == f"out of memory running the batch: {rows} rows"
+
+
+def test_large_replies_finished_during_the_drain_arrive_whole(tmp_path: Path) -> None:
+    """Calls that end during the drain get their whole reply, megabytes included: gRPC is
+    stopped (and its connections closed) only after their handlers returned and a moment
+    passed for the bytes to leave."""
+    build_slow(tmp_path / "slow" / "1" / "model.onnx", layers=8)
+    (tmp_path / "slow" / "model.toml").write_text("max_batch_size = 4096\ninstance_count = 2\n")
+    srv = serve(tmp_path, server__max_send_message_bytes=64 * 1024 * 1024)
+    x = np.full((4096, 1024), 0.01, np.float32)  # 16 MiB each way
+    results: list[object] = []
+
+    def call() -> None:
+        with Client(srv.target, timeout=60, retries=0) as client:
+            try:
+                results.append(client.predict("slow", {"x": x})["y"].shape)
+            except grpc.RpcError as exc:
+                results.append(f"{exc.code().name}: {exc.details()}")
+
+    calls = [threading.Thread(target=call) for _ in range(4)]
+    for thread in calls:
+        thread.start()
+    with Client(srv.target, timeout=10, retries=0) as client:
+        deadline = time.monotonic() + 30
+        while True:  # all four in the server: two running, two queued
+            (slow,) = [m.executor_status for m in client.info().models if m.name == "slow"]
+            if slow.running + slow.queue_depth == 4:
+                break
+            assert time.monotonic() < deadline, "the calls did not all arrive"
+            time.sleep(0.005)
+    srv.stop(grace=30)
+    for thread in calls:
+        thread.join(60)
+    assert results == [(4096, 1024)] * 4

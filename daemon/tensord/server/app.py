@@ -44,6 +44,9 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 MODEL_HEALTH_PREFIX = "tensord.model."
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_REPLY_LINGER_S = 0.2
+"""After the last handler of a drain returns: time for its reply to leave before gRPC
+stops and closes the connections."""
 EXIT_DEVICE_LOST = 75
 """Exit status after a sticky device error (EX_TEMPFAIL): Restart=on-failure starts anew."""
 
@@ -98,6 +101,7 @@ class TensordServer:
         servicer = InferenceServicer(
             self.dataplane, self.observability.observer, config.server.max_send_message_bytes
         )
+        self._calls = servicer.calls
         add_servicer(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
@@ -228,6 +232,8 @@ class TensordServer:
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING, refuse new calls, let in-flight calls finish within the grace."""
         grace = self.config.server.drain_grace_seconds if grace is None else grace
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + grace
         log.info("server.draining", grace_s=grace)
         self._stop_requested.set()
         self.notifier.stopping(f"draining: in-flight calls get {grace:g} s")
@@ -250,11 +256,16 @@ class TensordServer:
         # Generate streams still running shortly before the grace ends are closed with
         # UNAVAILABLE (their blocks freed), so clients see a status they can retry on,
         # not a bare cancellation.
-        end_streams = asyncio.get_running_loop().call_later(
+        end_streams = loop.call_later(
             grace - min(1.0, grace / 2), lambda: self._spawn(self._end_streams())
         )
         self.health.close_watches()  # watchers heard NOT_SERVING; they must not hold the drain
-        await self._server.stop(grace)
+        # Handlers finish while gRPC still runs: stop() closes every connection once the
+        # calls are complete, and a reply returned just before (megabytes still being
+        # written under flow control) could be cut off with the connection.
+        if self._calls.count and await self._calls.wait_idle(ends - loop.time()):
+            await asyncio.sleep(min(_REPLY_LINGER_S, max(0.0, ends - loop.time())))
+        await self._server.stop(max(0.0, ends - loop.time()))
         end_streams.cancel()
         self._started.set()  # a reload still waiting for start-up now sees the stop
         async with self._reload_lock:  # a reload in progress finishes its loads first

@@ -54,6 +54,33 @@ _ID_PREFIX = uuid.uuid4().hex[:16]
 _ID_COUNTER = itertools.count(1)
 
 
+class CallsInFlight:
+    """Handlers running now. The drain waits for none before it stops gRPC, so that the
+    replies they returned are on the wire before connections close."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __enter__(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.count -= 1
+        if not self.count:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """True once no handler runs; False if some still do after `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(0.0, timeout))
+        except TimeoutError:
+            return False
+        return True
+
+
 def request_id(context: Ctx) -> str:
     """The caller's x-request-id when it is sane (printable, <= 128 chars), else a new one."""
     for key, value in context.invocation_metadata() or ():
@@ -201,16 +228,17 @@ def unary_rpc(
         start = time.perf_counter()
         rid = request_id(context)
         context.set_trailing_metadata(((REQUEST_ID, rid),))
-        try:
-            if isinstance(request, MalformedRequest):
-                raise request.as_error()
-            response = await method(self, request, context, rid)
-        except asyncio.CancelledError:
-            _cancelled(self, rpc, request, start, rid, context)
-            raise
-        except Exception as exc:
-            await _fail(self, request, context, rid, rpc, start, exc)
-            raise AssertionError("unreachable: abort raises") from exc
+        with self.calls:
+            try:
+                if isinstance(request, MalformedRequest):
+                    raise request.as_error()
+                response = await method(self, request, context, rid)
+            except asyncio.CancelledError:
+                _cancelled(self, rpc, request, start, rid, context)
+                raise
+            except Exception as exc:
+                await _fail(self, request, context, rid, rpc, start, exc)
+                raise AssertionError("unreachable: abort raises") from exc
         _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
         return response
 
@@ -228,17 +256,18 @@ def stream_rpc(
         start = time.perf_counter()
         rid = request_id(context)
         context.set_trailing_metadata(((REQUEST_ID, rid),))
-        try:
-            if isinstance(request, MalformedRequest):
-                raise request.as_error()
-            async for item in method(self, request, context, rid):
-                yield item
-        except (asyncio.CancelledError, GeneratorExit):
-            _cancelled(self, rpc, request, start, rid, context)
-            raise
-        except Exception as exc:
-            await _fail(self, request, context, rid, rpc, start, exc)
-        else:
-            _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
+        with self.calls:
+            try:
+                if isinstance(request, MalformedRequest):
+                    raise request.as_error()
+                async for item in method(self, request, context, rid):
+                    yield item
+            except (asyncio.CancelledError, GeneratorExit):
+                _cancelled(self, rpc, request, start, rid, context)
+                raise
+            except Exception as exc:
+                await _fail(self, request, context, rid, rpc, start, exc)
+            else:
+                _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
 
     return handler

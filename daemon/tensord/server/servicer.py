@@ -15,7 +15,7 @@ from tensord.dataplane import DataPlane, PredictResult
 from tensord.errors import ResourceExhaustedError
 from tensord.observability.observer import RequestObserver
 from tensord.server import converters
-from tensord.server.context import Ctx, lenient_parser, stream_rpc, unary_rpc
+from tensord.server.context import CallsInFlight, Ctx, lenient_parser, stream_rpc, unary_rpc
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 
@@ -37,6 +37,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         max_send_message_bytes: int = 0,
     ) -> None:
         self._dataplane = dataplane
+        self.calls = CallsInFlight()
+        """Handlers running now (the RPC decorators count them; the drain waits on them)."""
         self.observer = observer
         """Metrics and tracing per call (the RPC decorators use it); None when both are off."""
         self.max_send_message_bytes = max_send_message_bytes
