@@ -18,6 +18,7 @@ from tensord.errors import (
     OutOfMemoryError,
     UnavailableError,
 )
+from tensord.executor.base import RunResult
 from tensord.executor.cpu import CpuExecutor, join_into
 from tensord.executor.pools import ALIGNMENT, HostBufferPool, size_class
 from tensord.executor.split import run_splitting_on_oom, split_rows
@@ -173,14 +174,22 @@ async def test_out_of_memory_splits_the_batch_in_half() -> None:
     executor.close()
 
 
-async def test_close_answers_queued_runs_unavailable() -> None:
-    executor = CpuExecutor("m", Doubler(delay=0.3), lanes=1)
+async def one_running_one_queued(
+    executor: CpuExecutor,
+) -> tuple[asyncio.Task[RunResult], asyncio.Task[RunResult]]:
+    """Two runs on a one-lane executor: the first on its lane, the second waiting."""
     x = {"x": np.ones((1, 2), np.float32)}
     running = asyncio.create_task(executor.run([x], ["y"]))
     await asyncio.sleep(0.05)
     queued = asyncio.create_task(executor.run([x], ["y"]))
     await asyncio.sleep(0.01)
     assert executor.stats().queue_depth == 1
+    return running, queued
+
+
+async def test_close_answers_queued_runs_unavailable() -> None:
+    executor = CpuExecutor("m", Doubler(delay=0.3), lanes=1)
+    running, queued = await one_running_one_queued(executor)
     executor.close()
     with pytest.raises(UnavailableError, match="unloaded before this request ran"):
         await asyncio.wait_for(queued, 1.0)
@@ -202,14 +211,8 @@ async def test_a_deadline_that_passes_while_running_is_answered_on_time() -> Non
 
 
 async def test_a_cancelled_queued_run_never_runs() -> None:
-    backend = Doubler(delay=0.2)
-    executor = CpuExecutor("m", backend, lanes=1)
-    x = {"x": np.ones((1, 2), np.float32)}
-    running = asyncio.create_task(executor.run([x], ["y"]))
-    await asyncio.sleep(0.05)
-    queued = asyncio.create_task(executor.run([x], ["y"]))
-    await asyncio.sleep(0.01)
-    assert executor.stats().queue_depth == 1
+    executor = CpuExecutor("m", Doubler(delay=0.2), lanes=1)
+    running, queued = await one_running_one_queued(executor)
     queued.cancel()  # the client went away while it waited
     await asyncio.sleep(0)
     assert executor.stats().queue_depth == 0
@@ -218,7 +221,7 @@ async def test_a_cancelled_queued_run_never_runs() -> None:
     assert executor.stats().started == 1  # the cancelled one never started
     executor.close()
     with pytest.raises(UnavailableError, match="unloaded"):  # after close: refused at once
-        await executor.run([x], ["y"])
+        await executor.run([{"x": np.ones((1, 2), np.float32)}], ["y"])
 
 
 def test_lanes_exit_when_closed() -> None:
