@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from typing import cast
+from typing import NoReturn, cast
 
 import numpy as np
 
@@ -111,7 +111,6 @@ def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
     shape = tuple(tensor.shape)
     if dtype is None or len(shape) > MAX_RANK or (shape and min(shape) < 0):
         _refuse_header(tensor, shape, _label(where, tensor))
-    assert dtype is not None  # _refuse_header raised otherwise
     count = math.prod(shape)
     nonzero = count if count else math.prod(d for d in shape if d)
     if nonzero * max(dtype.itemsize, 8) > _MAX_BYTES:
@@ -144,9 +143,11 @@ def _label(where: str, tensor: pb.Tensor) -> str:
     return f"{where} {tensor.name!r}"
 
 
-def _refuse_header(tensor: pb.Tensor, shape: tuple[int, ...], label: str) -> None:
+def _refuse_header(tensor: pb.Tensor, shape: tuple[int, ...], label: str) -> NoReturn:
     """InvalidArgumentError for a bad dtype, rank or dimension."""
-    _decode_dtype(tensor.dtype, label)
+    if tensor.dtype not in _DTYPES:
+        state = "is not set" if tensor.dtype == 0 else f"{tensor.dtype} is unknown"
+        raise InvalidArgumentError(f"{label}: dtype {state}; expected one of {_DTYPE_NAMES}")
     if len(shape) > MAX_RANK:
         raise InvalidArgumentError(
             f"{label}: shape has rank {len(shape)}; at most {MAX_RANK} dimensions are supported"
@@ -154,16 +155,6 @@ def _refuse_header(tensor: pb.Tensor, shape: tuple[int, ...], label: str) -> Non
     raise InvalidArgumentError(
         f"{label}: shape {shape_text(shape)} has a negative dimension; every dimension must be >= 0"
     )
-
-
-def _decode_dtype(value: int, label: str) -> DType:
-    try:
-        return DType(value)
-    except ValueError:
-        state = "is not set" if value == 0 else f"{value} is unknown"
-        raise InvalidArgumentError(
-            f"{label}: dtype {state}; expected one of {_DTYPE_NAMES}"
-        ) from None
 
 
 def _decode_raw(

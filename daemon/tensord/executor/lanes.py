@@ -127,7 +127,7 @@ class LaneExecutor:
         run = _Run(parts, output_names, deadline, submitted, loop, loop.create_future())
         with self._lock:
             if self._stopped:
-                raise UnavailableError("the model was unloaded before this request ran; retry")
+                raise _unloaded()
             self._queued += 1
         self._work.put(run)
         # A bare timer rather than wait_for: one heap entry, no extra task or future.
@@ -188,22 +188,23 @@ class LaneExecutor:
                 return
             lane.runs += 1
             self._running += 1
+        error: BaseException | None = None
         try:
             if failed is not None:
                 raise failed
             outputs = self._execute(index, run.parts, run.output_names)
         except BaseException as exc:
-            with self._lock:
-                lane.failed += 1
-                lane.busy_s += time.monotonic() - start
-                self._running -= 1
-            run.settle(None, exc)
-            return
+            error, outputs = exc, []
         end = time.monotonic()
         with self._lock:
             lane.busy_s += end - start
             self._running -= 1
-        run.settle(RunResult(outputs, start - run.submitted, end - start), None)
+            if error is not None:
+                lane.failed += 1
+        if error is not None:
+            run.settle(None, error)
+        else:
+            run.settle(RunResult(outputs, start - run.submitted, end - start), None)
 
     def run_blocking(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]

@@ -260,12 +260,16 @@ class TensordServer:
             grace - min(1.0, grace / 2), lambda: self._spawn(self._end_streams())
         )
         self.health.close_watches()  # watchers heard NOT_SERVING; they must not hold the drain
+
         # Handlers finish while gRPC still runs: stop() closes every connection once the
         # calls are complete, and a reply returned just before (megabytes still being
         # written under flow control) could be cut off with the connection.
-        if self._calls.count and await self._calls.wait_idle(ends - loop.time()):
-            await asyncio.sleep(min(_REPLY_LINGER_S, max(0.0, ends - loop.time())))
-        await self._server.stop(max(0.0, ends - loop.time()))
+        def left() -> float:
+            return max(0.0, ends - loop.time())
+
+        if self._calls.count and await self._calls.wait_idle(left()):
+            await asyncio.sleep(min(_REPLY_LINGER_S, left()))
+        await self._server.stop(left())
         end_streams.cancel()
         self._started.set()  # a reload still waiting for start-up now sees the stop
         async with self._reload_lock:  # a reload in progress finishes its loads first

@@ -75,7 +75,7 @@ class CallsInFlight:
     async def wait_idle(self, timeout: float) -> bool:
         """True once no handler runs; False if some still do after `timeout` seconds."""
         try:
-            await asyncio.wait_for(self._idle.wait(), max(0.0, timeout))
+            await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             return False
         return True
