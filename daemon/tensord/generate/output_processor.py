@@ -27,23 +27,29 @@ from tensord.generate.request import Request, RequestStatus
 
 
 class RequestOutputCollector:
-    """One request's merging output slot between the engine loop and its stream."""
+    """One request's merging output slot between the engine loop and its stream.
+
+    Chunks that arrive while the reader is away merge into one, so a slow reader holds at
+    most two: the first chunk always goes alone (it is the time to first token, whatever
+    the reader's pace), everything after it merges into the second."""
 
     def __init__(self) -> None:
-        self._output: RequestOutput | None = None
+        self._pending: list[RequestOutput] = []
+        self._taken_first = False
         self._error: BaseException | None = None
         self._ready = asyncio.Event()
 
     def put(self, output: RequestOutput) -> None:
-        """Hand over a chunk, merging it into the one not yet taken."""
-        if self._output is None:
-            self._output = output
+        """Hand over a chunk, merging it into the last one not yet taken (never the first)."""
+        pending = self._pending
+        if not pending or (len(pending) == 1 and not self._taken_first):
+            pending.append(output)
         else:
-            self._output.merge(output)
+            pending[-1].merge(output)
         self._ready.set()
 
     def put_error(self, error: BaseException) -> None:
-        """End the stream with an error, after the chunk not yet taken (if any)."""
+        """End the stream with an error, after the chunks not yet taken (if any)."""
         self._error = error
         self._ready.set()
 
@@ -54,11 +60,13 @@ class RequestOutputCollector:
         return output
 
     def get_nowait(self) -> RequestOutput | None:
-        """The pending chunk, or None; raises the stream's error once nothing is pending."""
-        output = self._output
-        if output is not None:
-            self._output = None
-            if self._error is None:
+        """The next pending chunk, or None; raises the stream's error once nothing is
+        pending."""
+        pending = self._pending
+        if pending:
+            output = pending.pop(0)
+            self._taken_first = True
+            if not pending and self._error is None:
                 self._ready.clear()
             return output
         if self._error is not None:

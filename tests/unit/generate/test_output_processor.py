@@ -28,20 +28,39 @@ class Clock:
         return self.now
 
 
+def everything(slot: RequestOutputCollector) -> RequestOutput | None:
+    """All the chunks waiting in a slot, as one (a reader that never came)."""
+    merged = slot.get_nowait()
+    while merged is not None and (later := slot.get_nowait()) is not None:
+        merged.merge(later)
+    return merged
+
+
 def lp(token: int) -> TokenLogprob:
     return TokenLogprob(token, -0.25, ((token, -0.25),))
 
 
-def test_chunks_merge_while_the_reader_is_away() -> None:
+def test_chunks_merge_while_the_reader_is_away_but_the_first_goes_alone() -> None:
     slot = RequestOutputCollector()
     slot.put(RequestOutput("r", 0, [5], "a", [lp(5)]))
     slot.put(RequestOutput("r", 1, [6, 7], "bc", [lp(6), lp(7)]))
     usage = Usage(3, 4, 12.0, 2.0)
     slot.put(RequestOutput("r", 3, [8], "d", [lp(8)], "length", usage))
+    assert slot.get_nowait() == RequestOutput("r", 0, [5], "a", [lp(5)])
     merged = slot.get_nowait()
-    assert merged == RequestOutput(
-        "r", 0, [5, 6, 7, 8], "abcd", [lp(5), lp(6), lp(7), lp(8)], "length", usage
-    )
+    assert merged == RequestOutput("r", 1, [6, 7, 8], "bcd", [lp(6), lp(7), lp(8)], "length", usage)
+    assert slot.get_nowait() is None
+
+
+def test_after_the_first_chunk_everything_pending_merges_into_one() -> None:
+    slot = RequestOutputCollector()
+    slot.put(RequestOutput("r", 0, [1], "x"))
+    assert slot.get_nowait() is not None
+    for i in range(2, 6):
+        slot.put(RequestOutput("r", i - 1, [i], "y"))
+    merged = slot.get_nowait()
+    assert merged is not None
+    assert (merged.index, merged.token_ids, merged.text) == (1, [2, 3, 4, 5], "yyyy")
     assert slot.get_nowait() is None
 
 
@@ -58,11 +77,13 @@ async def test_a_waiting_reader_wakes_on_the_first_chunk() -> None:
     assert (second.index, second.token_ids, second.text) == (1, [2, 3], "yz")
 
 
-async def test_an_error_comes_after_the_pending_chunk() -> None:
+async def test_an_error_comes_after_the_pending_chunks() -> None:
     slot = RequestOutputCollector()
     slot.put(RequestOutput("r", 0, [1], "x"))
+    slot.put(RequestOutput("r", 1, [2], "y"))
     slot.put_error(UnavailableError("the server is draining"))
     assert (await slot.get()).token_ids == [1]
+    assert (await slot.get()).token_ids == [2]
     with pytest.raises(UnavailableError, match="draining"):
         await slot.get()
     with pytest.raises(UnavailableError):
@@ -113,7 +134,7 @@ def test_a_stop_string_ends_the_request_and_is_not_emitted(tokenizer: Tokenizer)
         if stopped:
             break
     assert stopped == ["r"]
-    chunk = slot.get_nowait()  # everything merged: the reader never came
+    chunk = everything(slot)
     assert chunk is not None
     assert chunk.text == "stop here. "
     assert chunk.finish_reason == "stop"
@@ -130,7 +151,7 @@ def test_a_held_back_stop_prefix_is_released_at_the_end(tokenizer: Tokenizer) ->
     for token in ids[:-1]:
         processor.process_outputs([core("r", token)])
     processor.process_outputs([core("r", ids[-1], RequestStatus.FINISHED_STOPPED)])
-    chunk = slot.get_nowait()
+    chunk = everything(slot)
     assert chunk is not None
     assert (chunk.text, chunk.finish_reason) == ("stop here", "stop")
 
