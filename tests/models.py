@@ -196,5 +196,8 @@ class WrappedBackend:
     ) -> list[np.ndarray]:
         return self._inner.run(inputs, output_names)
 
+    def terminate_runs(self) -> None:
+        self._inner.terminate_runs()
+
     def close(self) -> None:
         self._inner.close()

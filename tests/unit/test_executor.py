@@ -6,11 +6,13 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tensord.backends.base import BackendPlacement, TensorSpec
+from tensord.backends.onnxruntime import OnnxRuntimeBackend
 from tensord.dtypes import DType
 from tensord.errors import (
     DeadlineExceededError,
@@ -22,6 +24,8 @@ from tensord.executor.base import RunResult
 from tensord.executor.cpu import CpuExecutor, join_into
 from tensord.executor.pools import ALIGNMENT, HostBufferPool, size_class
 from tensord.executor.split import run_splitting_on_oom, split_rows
+from tensord.registry.model_config import ModelConfig
+from tests.models import build_slow
 
 
 def test_size_classes() -> None:
@@ -93,6 +97,9 @@ class Doubler:
         if (inputs["x"] < 0).any():
             raise InternalError("negative input")
         return [inputs["x"] * 2]
+
+    def terminate_runs(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -233,3 +240,25 @@ def test_lanes_exit_when_closed() -> None:
     while lanes & {t.name for t in threading.enumerate()}:
         assert time.monotonic() < deadline, "lanes still running after close()"
         time.sleep(0.01)
+
+
+async def test_terminate_runs_cuts_an_onnx_runtime_run_short(tmp_path: Path) -> None:
+    # 96 MatMuls of [2048, 1024] x [1024, 1024]: seconds on one thread, ~0.05 s a node.
+    model = build_slow(tmp_path / "slow.onnx")
+    backend = OnnxRuntimeBackend(model, ModelConfig())
+    executor = CpuExecutor("slow", backend, lanes=1)
+    x = np.full((2048, 1024), 0.01, np.float32)
+    long_run = asyncio.create_task(executor.run([{"x": x}], ["y"]))
+    while not executor.stats().running:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)
+    start = time.monotonic()
+    executor.terminate_runs()
+    with pytest.raises(UnavailableError, match="drain grace ran out"):
+        await asyncio.wait_for(long_run, 30)
+    assert time.monotonic() - start < 1.0  # stopped between nodes, not at the end
+    assert executor.stats().lanes[0].failed == 1
+    # Only the runs in progress were flagged: the next one runs whole.
+    (y,) = (await executor.run([{"x": x[:2]}], ["y"])).outputs
+    assert y.shape == (2, 1024) and np.isfinite(y).all()
+    executor.close()

@@ -63,6 +63,12 @@ class Backend(Protocol):
         """Run once; returns the named outputs in the order asked for."""
         ...
 
+    def terminate_runs(self) -> None:
+        """Cut the runs in progress short (from any thread); they raise UnavailableError.
+        The drain calls it once its grace has run out. A backend that cannot stop a run
+        midway lets it finish."""
+        ...
+
     def close(self) -> None:
         """Release the model's memory."""
         ...

@@ -14,7 +14,13 @@ from tensord import dtypes
 from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
 from tensord.backends.providers import explain_actual, plan_providers
 from tensord.dtypes import DType
-from tensord.errors import DeviceLostError, InternalError, ModelLoadError, OutOfMemoryError
+from tensord.errors import (
+    DeviceLostError,
+    InternalError,
+    ModelLoadError,
+    OutOfMemoryError,
+    UnavailableError,
+)
 from tensord.executor.device_fault import sticky_error_in
 from tensord.registry.model_config import ModelConfig
 
@@ -34,6 +40,8 @@ _OOM_MARKERS = (
     "bad_alloc",
     "CUDNN_STATUS_ALLOC_FAILED",
 )
+# What a run cut short by RunOptions.terminate raises.
+_TERMINATED_MARKER = "terminate flag"
 _ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 
 
@@ -129,17 +137,33 @@ class OnnxRuntimeBackend:
         self.inputs = describe(self._session.get_inputs(), "input")
         self.outputs = describe(self._session.get_outputs(), "output")
         self._bfloat16 = any(s.dtype is DType.BFLOAT16 for s in (*self.inputs, *self.outputs))
+        self._runs: set[ort.RunOptions] = set()
+        """The RunOptions of the runs in progress: terminate_runs flags them."""
 
     def run(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> list[np.ndarray]:
         """One blocking run. Safe to call from several threads at once."""
+        options = self._begin()
         try:
             if self._bfloat16:
-                return self._run_ort_values(inputs, output_names)
-            return self._session.run(list(output_names), dict(inputs))
+                return self._run_ort_values(inputs, output_names, options)
+            return self._session.run(list(output_names), dict(inputs), options)
         except Exception as exc:
             raise _run_error(exc) from exc
+        finally:
+            self._runs.discard(options)
+
+    def _begin(self) -> ort.RunOptions:
+        """A run's options, known to terminate_runs until the run ends (~1 us)."""
+        options = ort.RunOptions()
+        self._runs.add(options)
+        return options
+
+    def terminate_runs(self) -> None:
+        """ONNX Runtime checks the flag between nodes: a run stops within one node."""
+        for options in list(self._runs):  # list(): one step under the GIL
+            options.terminate = True
 
     def run_device(
         self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]
@@ -156,14 +180,20 @@ class OnnxRuntimeBackend:
             )
         for name in output_names:
             binding.bind_output(name, "cuda", self.device_id)
+        options = self._begin()
         try:
-            self._session.run_with_iobinding(binding)
+            self._session.run_with_iobinding(binding, options)
         except Exception as exc:
             raise _run_error(exc) from exc
+        finally:
+            self._runs.discard(options)
         return list(binding.get_outputs())
 
     def _run_ort_values(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str],
+        options: ort.RunOptions,
     ) -> list[np.ndarray]:
         # ONNX Runtime's NumPy bridge has no bfloat16: pass bfloat16 tensors as OrtValues
         # holding their 16-bit patterns, and copy bfloat16 results out by pointer.
@@ -177,7 +207,7 @@ class OnnxRuntimeBackend:
                 )
             else:
                 feeds[name] = ort.OrtValue.ortvalue_from_numpy(np.require(array, requirements="C"))
-        results = self._session.run_with_ort_values(list(output_names), feeds)
+        results = self._session.run_with_ort_values(list(output_names), feeds, options)
         return [_to_numpy(value) for value in results]
 
     def close(self) -> None:
@@ -188,6 +218,11 @@ class OnnxRuntimeBackend:
 def _run_error(exc: Exception) -> Exception:
     """ONNX Runtime's exception as a typed one: out of memory, a lost device, or INTERNAL."""
     text = str(exc)
+    if _TERMINATED_MARKER in text:
+        return UnavailableError(
+            "the run was stopped: the server is shutting down and its drain grace ran out; "
+            "retry on another instance"
+        )
     if any(marker in text for marker in _OOM_MARKERS):
         return OutOfMemoryError(f"out of memory running the batch: {text}")
     sticky = sticky_error_in(text)

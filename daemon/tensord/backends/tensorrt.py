@@ -276,6 +276,9 @@ class TensorRTBackend:
                 raise
         return outputs
 
+    def terminate_runs(self) -> None:
+        """An enqueued TensorRT execution cannot be stopped midway: it finishes."""
+
     def close(self) -> None:
         """Drop the context and engine; free the output buffers."""
         self._context = None

@@ -79,6 +79,10 @@ class Executor(Protocol):
         """A snapshot of lanes, queue and pools."""
         ...
 
+    def terminate_runs(self) -> None:
+        """Cut the runs in progress short (the drain's grace has run out)."""
+        ...
+
     def close(self) -> None:
         """Stop the lanes and free every buffer."""
         ...

@@ -59,6 +59,10 @@ class CpuExecutor(LaneExecutor):
     def _pools(self) -> dict[str, PoolStats]:
         return {"host": self._host.stats()}
 
+    def terminate_runs(self) -> None:
+        """Cut the runs in progress short: their callers get UNAVAILABLE."""
+        self._backend.terminate_runs()
+
     def close(self) -> None:
         """Stop the lanes, drop cached buffers and close the backend.
 

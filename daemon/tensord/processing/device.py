@@ -240,6 +240,10 @@ class DeviceProcessedBackend:
                 self._held.append(info)  # the host copy outlives the transfer
         return made
 
+    def terminate_runs(self) -> None:
+        """Cut the model's runs in progress short."""
+        self.inner.terminate_runs()
+
     def close(self) -> None:
         """Free the scratch buffers and close the model."""
         for release in self._pending:

@@ -150,6 +150,10 @@ class HostProcessedBackend:
             raise InternalError(f"postprocessing failed: {exc}") from exc
         return [served[name] for name in output_names]
 
+    def terminate_runs(self) -> None:
+        """Cut the model's runs in progress short."""
+        self.inner.terminate_runs()
+
     def close(self) -> None:
         """Close the model."""
         self.inner.close()

@@ -339,6 +339,12 @@ class ModelRegistry:
             raise UnavailableError(_not_ready(versions[max(versions)]))
         return versions[newest]
 
+    def terminate_runs(self) -> None:
+        """Cut every model run in progress short (the drain's grace has run out)."""
+        for entry in [*self._retiring.values(), *self.versions()]:
+            if entry.executor is not None:
+                entry.executor.terminate_runs()
+
     async def close(self) -> None:
         """Mark every version UNLOADING, then free the backends (and any being retired)."""
         for entry in self.versions():

@@ -185,6 +185,11 @@ class CudaExecutor(LaneExecutor):
     def _pools(self) -> dict[str, PoolStats]:
         return {"pinned": self.pinned.stats(), "device": self.device.stats()}
 
+    def terminate_runs(self) -> None:
+        """Cut the runs in progress short on every lane's session."""
+        for lane in self._lanes:
+            lane.backend.terminate_runs()
+
     def close(self) -> None:
         """Wait for the lanes, free every buffer, stream and event."""
         self._stop_lanes(wait=True)
