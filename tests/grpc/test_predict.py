@@ -11,6 +11,7 @@ import pytest
 
 from tensord.backends.onnxruntime import session_options
 from tensord.registry.model_config import ModelConfig
+from tensord.v1 import inference_pb2 as pb
 from tensord_client import Client
 from tests.conftest import ServerThread
 from tests.models import IDENTITY_DTYPES
@@ -152,3 +153,45 @@ def test_scalar_tensors_keep_their_rank(tmp_path: Path, dtype: str) -> None:
     finally:
         srv.stop()
     assert y.shape == () and y.dtype == x.dtype and y.tobytes() == x.tobytes()
+
+
+def test_a_shapeless_input_is_served_with_the_shape_model_toml_gives(tmp_path: Path) -> None:
+    import grpc
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.conftest import start_server
+
+    # x and y carry no shape at all (not even a rank); ONNX Runtime reports them as rank 0.
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "shapeless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for name in ("declared", "undeclared"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        onnx.save(model, tmp_path / name / "1" / "model.onnx")
+    (tmp_path / "declared" / "model.toml").write_text('[[inputs]]\nname = "x"\nshape = [-1, 3]\n')
+    srv = start_server(tmp_path)
+    try:
+        with Client(srv.target, retries=0) as client:
+            x = np.array([[-1.0, 0.5, 2.0], [3.0, -4.0, 0.0]], np.float32)
+            y = client.predict("declared", {"x": x})["y"]
+            with pytest.raises(grpc.RpcError) as wrong_rank:
+                client.predict("declared", {"x": np.zeros(3, np.float32)})
+            models = {m.name: m for m in client.info().models}
+    finally:
+        srv.stop()
+    assert y.tolist() == [[0.0, 0.5, 2.0], [3.0, 0.0, 0.0]]
+    assert wrong_rank.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    (x_spec,), (y_spec,) = models["declared"].inputs, models["declared"].outputs
+    assert (list(x_spec.shape), x_spec.unknown_rank) == ([-1, 3], False)
+    assert (list(y_spec.shape), y_spec.unknown_rank) == ([], True)
+    # Without a shape for x the version fails to load, saying what to write.
+    undeclared = models["undeclared"]
+    assert undeclared.state == pb.MODEL_STATE_FAILED
+    assert "input 'x' has no shape in the model" in undeclared.reason
+    assert '[[inputs]] name = "x" shape = [' in undeclared.reason

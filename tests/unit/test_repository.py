@@ -82,6 +82,30 @@ def test_bad_overrides(override: TensorOverride, message: str) -> None:
         apply_overrides(SPECS, [override], "inputs")
 
 
+SHAPELESS = [
+    TensorSpec("x", DType.FLOAT32, (), rank_known=False),
+    TensorSpec("s", DType.FLOAT32, ()),  # a scalar: rank 0, known
+]
+
+
+def test_a_shapeless_input_takes_the_override_rank_and_must_have_one() -> None:
+    out = apply_overrides(SHAPELESS, [TensorOverride(name="x", shape=[-1, 3])], "inputs")
+    assert out == [TensorSpec("x", DType.FLOAT32, (-1, 3)), SHAPELESS[1]]
+    with pytest.raises(ModelLoadError, match="input 'x' has no shape in the model, not even"):
+        apply_overrides(SHAPELESS, [], "inputs")
+    # A scalar keeps its rank: an override of another rank is refused.
+    with pytest.raises(ModelLoadError, match="shape \\[2\\] has rank 1, the model's \\[\\] has 0"):
+        apply_overrides(
+            SHAPELESS,
+            [TensorOverride(name="x", shape=[1]), TensorOverride(name="s", shape=[2])],
+            "inputs",
+        )
+    # An output may stay shapeless, unless the model batches.
+    assert apply_overrides(SHAPELESS, [], "outputs") == SHAPELESS
+    with pytest.raises(ModelLoadError, match="'x' has no shape in the model, not even a rank"):
+        check_batching(ModelConfig(max_batch_size=4), SHAPELESS[:1])
+
+
 def test_batching_needs_a_dynamic_first_dimension() -> None:
     check_batching(ModelConfig(max_batch_size=4), SPECS)
     with pytest.raises(

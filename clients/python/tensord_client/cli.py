@@ -67,7 +67,8 @@ def cmd_health(client: Client, args: argparse.Namespace) -> int:
 
 def _spec(specs: Any) -> str:
     return ", ".join(
-        f"{s.name}:{pb.DataType.Name(s.dtype).removeprefix('DATA_TYPE_').lower()}{list(s.shape)}"
+        f"{s.name}:{pb.DataType.Name(s.dtype).removeprefix('DATA_TYPE_').lower()}"
+        + ("[rank unknown]" if s.unknown_rank else str(list(s.shape)))
         for s in specs
     )
 

@@ -19,6 +19,8 @@ class TensorSpec:
     name: str
     dtype: DType
     shape: tuple[int, ...]
+    rank_known: bool = True
+    """False when the model gives no shape at all (not even a rank); `shape` is then ()."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,32 @@ def describe(args: Sequence[Any], what: str) -> list[TensorSpec]:
     return specs
 
 
+def _mark_unknown_ranks(
+    path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """ONNX Runtime reports a tensor with no shape in the graph as rank 0, like a scalar;
+    the graph (read without its weights) tells the two apart."""
+    import onnx  # only for models with rank-0 tensors: scalars, or no shape at all
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # ONNX Runtime loaded it; keep what it said
+        return inputs, outputs
+    shapeless = {
+        value.name
+        for value in (*graph.input, *graph.output)
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape")
+    }
+
+    def mark(specs: list[TensorSpec]) -> list[TensorSpec]:
+        return [
+            replace(spec, rank_known=False) if not spec.shape and spec.name in shapeless else spec
+            for spec in specs
+        ]
+
+    return mark(inputs), mark(outputs)
+
+
 def provider_options(
     providers: Sequence[str], config: ModelConfig, where: DeviceOptions
 ) -> list[tuple[str, dict[str, str]]]:
@@ -136,6 +163,8 @@ class OnnxRuntimeBackend:
         )
         self.inputs = describe(self._session.get_inputs(), "input")
         self.outputs = describe(self._session.get_outputs(), "output")
+        if any(not spec.shape for spec in (*self.inputs, *self.outputs)):
+            self.inputs, self.outputs = _mark_unknown_ranks(path, self.inputs, self.outputs)
         self._bfloat16 = any(s.dtype is DType.BFLOAT16 for s in (*self.inputs, *self.outputs))
         self._runs: set[ort.RunOptions] = set()
         """The RunOptions of the runs in progress: terminate_runs flags them."""

@@ -29,9 +29,18 @@ def apply_overrides(
                 f"{spec.dtype.name.lower()}"
             )
         if override.shape is not None:
-            by_name[spec.name] = replace(
-                spec, shape=_narrow(spec.shape, tuple(override.shape), where)
-            )
+            shape = tuple(override.shape)
+            if spec.rank_known:
+                shape = _narrow(spec.shape, shape, where)
+            by_name[spec.name] = replace(spec, shape=shape, rank_known=True)
+    if what == "inputs":
+        for spec in by_name.values():
+            if not spec.rank_known:
+                raise ModelLoadError(
+                    f"input {spec.name!r} has no shape in the model, not even a rank, so "
+                    "requests cannot be checked against it: give it one in model.toml, e.g. "
+                    f'[[inputs]] name = "{spec.name}" shape = [-1, 3] (-1: any size)'
+                )
     return [by_name[spec.name] for spec in specs]
 
 
@@ -54,6 +63,13 @@ def check_batching(config: ModelConfig, specs: Sequence[TensorSpec]) -> None:
     if config.max_batch_size == 0:
         return
     for spec in specs:
+        if not spec.rank_known:
+            raise ModelLoadError(
+                f"max_batch_size {config.max_batch_size} needs a dynamic first (batch) "
+                f"dimension, but {spec.name!r} has no shape in the model, not even a rank; "
+                f'give it one in model.toml, e.g. [[outputs]] name = "{spec.name}" '
+                "shape = [-1, 10]"
+            )
         if not spec.shape or spec.shape[0] != -1:
             raise ModelLoadError(
                 f"max_batch_size {config.max_batch_size} needs a dynamic first (batch) dimension, "

@@ -148,7 +148,12 @@ def _state(mv: ModelVersion) -> pb.ModelState:
 
 
 def _spec(spec: TensorSpec) -> pb.TensorSpec:
-    return pb.TensorSpec(name=spec.name, dtype=pb_dtype(spec.dtype), shape=spec.shape)
+    return pb.TensorSpec(
+        name=spec.name,
+        dtype=pb_dtype(spec.dtype),
+        shape=spec.shape,
+        unknown_rank=not spec.rank_known,
+    )
 
 
 def model_info(mv: ModelVersion) -> pb.ModelInfo:

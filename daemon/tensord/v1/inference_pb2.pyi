@@ -317,14 +317,16 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., total_memory_bytes: _Optional[int] = ..., compute_capability: _Optional[str] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape")
+    __slots__ = ("name", "dtype", "shape", "unknown_rank")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_RANK_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DataType
     shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    unknown_rank: bool
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., unknown_rank: _Optional[bool] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("name", "version", "state", "reason", "backend", "provider", "provider_reason", "requested_providers", "executor", "inputs", "outputs", "max_batch_size", "load_time_ms", "kind", "instance_count", "dynamic_batching", "executor_status", "preprocess", "postprocess", "generator")
