@@ -37,13 +37,14 @@ from tensord.access import Principal
 from tensord.config_tables import AuthSettings
 from tensord.errors import ConfigError, RateLimitedError, UnauthenticatedError
 from tensord.server.ratelimit import Rate, TokenBucket
+from tensord.server.watchdog import PROBED_METHOD
 
 log = structlog.get_logger("tensord.auth")
 
 AUTHORIZATION = "authorization"
 MIN_TOKEN_LENGTH = 16
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEALTH_METHODS = ("/grpc.health.v1.Health/", "/tensord.v1.InferenceService/Health")
+_HEALTH_METHODS = ("/grpc.health.v1.Health/", PROBED_METHOD)
 _REFLECTION_METHODS = ("/grpc.reflection.",)
 
 

@@ -20,10 +20,7 @@ from tensord.errors import ResourceExhaustedError, TensordError
 from tensord.server.auth import Authenticator
 from tensord.server.context import REQUEST_ID, request_id
 from tensord.server.status import error_trailers
-from tensord.server.watchdog import is_probe
-
-_PROBED_METHOD = "/tensord.v1.InferenceService/Health"
-"""What the watchdog calls (tensord.server.watchdog)."""
+from tensord.server.watchdog import PROBED_METHOD, is_probe
 
 log = structlog.get_logger("tensord.request")
 
@@ -78,7 +75,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
         if self._auth.is_open(method) or (
-            method == _PROBED_METHOD and is_probe(handler_call_details.invocation_metadata)
+            method == PROBED_METHOD and is_probe(handler_call_details.invocation_metadata)
         ):
             return await continuation(handler_call_details)
         try:

@@ -41,6 +41,8 @@ log = structlog.get_logger("tensord.watchdog")
 
 _NO_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 PROBE_KEY = "x-tensord-watchdog"
+PROBED_METHOD = "/tensord.v1.InferenceService/Health"
+"""The method the watchdog calls (auth leaves it open; the interceptors let its probe by)."""
 _PROBE_SECRET = secrets.token_urlsafe(24)
 _PROBE_METADATA = ((PROBE_KEY, _PROBE_SECRET),)
 
