@@ -250,8 +250,11 @@ def test_large_replies_finished_during_the_drain_arrive_whole(tmp_path: Path) ->
 def test_a_run_still_going_when_the_grace_ends_is_cut_short(tmp_path: Path) -> None:
     """The drain waits out its grace, then stops the model runs still in progress: the
     process is not held until a long run returns on its own."""
-    build_slow(tmp_path / "slow" / "1" / "model.onnx")
-    (tmp_path / "slow" / "model.toml").write_text("max_batch_size = 4096\ninstance_count = 1\n")
+    # A name of its own: the shared test server's "slow" keeps lanes named cpu-slow_*.
+    build_slow(tmp_path / "outlasting" / "1" / "model.onnx")
+    (tmp_path / "outlasting" / "model.toml").write_text(
+        "max_batch_size = 4096\ninstance_count = 1\n"
+    )
     srv = serve(tmp_path, server__max_send_message_bytes=64 * 1024 * 1024)
     x = np.full((4096, 1024), 0.01, np.float32)  # 96 MatMuls at batch 4096: seconds a run
     outcome: list[grpc.StatusCode] = []
@@ -259,7 +262,7 @@ def test_a_run_still_going_when_the_grace_ends_is_cut_short(tmp_path: Path) -> N
     def call() -> None:
         with Client(srv.target, timeout=120, retries=0) as client:
             try:
-                client.predict("slow", {"x": x})
+                client.predict("outlasting", {"x": x})
             except grpc.RpcError as exc:
                 outcome.append(exc.code())
 
@@ -268,8 +271,8 @@ def test_a_run_still_going_when_the_grace_ends_is_cut_short(tmp_path: Path) -> N
     with Client(srv.target, timeout=10, retries=0) as client:
         deadline = time.monotonic() + 30
         while True:
-            (slow,) = [m.executor_status for m in client.info().models if m.name == "slow"]
-            if slow.running:
+            (model,) = [m.executor_status for m in client.info().models if m.name == "outlasting"]
+            if model.running:
                 break
             assert time.monotonic() < deadline, "the call never started running"
             time.sleep(0.005)
@@ -277,7 +280,7 @@ def test_a_run_still_going_when_the_grace_ends_is_cut_short(tmp_path: Path) -> N
     srv.stop(grace=0.3)
     stopped_in = time.monotonic() - start
     deadline = time.monotonic() + 5
-    while any(t.name.startswith("cpu-slow_") for t in threading.enumerate()):
+    while any(t.name.startswith("cpu-outlasting_") for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the lane is still running the model"
         time.sleep(0.01)
     caller.join(30)
