@@ -89,7 +89,7 @@ def _mark_unknown_ranks(
     path: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]
 ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """ONNX Runtime reports a tensor with no shape in the graph as rank 0, like a scalar;
-    the graph (read without its weights) tells the two apart."""
+    the graph (read without its external weights) tells the two apart."""
     import onnx  # only for models with rank-0 tensors: scalars, or no shape at all
 
     try:

@@ -271,8 +271,8 @@ class TensordServer:
             await asyncio.sleep(min(_REPLY_LINGER_S, left()))
         await self._server.stop(left())
         end_streams.cancel()
-        # The grace is over: a run still going (its caller gone, or cancelled by gRPC just
-        # now) would hold the process until it returns.
+        # gRPC has stopped (every call answered, or cancelled as the grace ran out): a run
+        # still going has nobody waiting and would hold the process until it returns.
         self.registry.terminate_runs()
         self._started.set()  # a reload still waiting for start-up now sees the stop
         async with self._reload_lock:  # a reload in progress finishes its loads first
