@@ -79,13 +79,21 @@ async def test_preferred_size_dispatches_at_once() -> None:
     assert rec.batches == [[1, 1, 1, 1]]
 
 
-async def test_one_monotonic_deadline_per_batch() -> None:
-    rec = Recorder()
-    batcher = make(rec, max_queue_delay_s=0.3)
+async def two_arrivals(
+    batcher: DynamicBatcher,
+) -> tuple[float, asyncio.Task[RunResult], asyncio.Task[RunResult]]:
+    """When it started, and two requests of one kind, the second 0.2 s after the first."""
     start = time.monotonic()
     a = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
     await asyncio.sleep(0.2)
     b = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
+    return start, a, b
+
+
+async def test_one_monotonic_deadline_per_batch() -> None:
+    rec = Recorder()
+    batcher = make(rec, max_queue_delay_s=0.3)
+    start, a, b = await two_arrivals(batcher)
     await asyncio.gather(a, b)
     elapsed = time.monotonic() - start
     # Closed 0.3 s after the first arrival, not 0.3 s after the second.
@@ -234,10 +242,7 @@ async def test_a_backlog_fills_the_largest_preferred_size() -> None:
 async def test_the_deadline_stays_when_the_first_request_leaves() -> None:
     rec = Recorder()
     batcher = make(rec, max_queue_delay_s=0.3)
-    start = time.monotonic()
-    a = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
-    await asyncio.sleep(0.2)
-    b = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
+    start, a, b = await two_arrivals(batcher)
     await asyncio.sleep(0.02)
     a.cancel()
     await b
