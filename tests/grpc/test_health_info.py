@@ -95,8 +95,9 @@ def test_info_reports_executor_and_batching(client: Client) -> None:
     client.predict("mlp_batched", {"input": np.zeros((3, 512), np.float32)})
     info = {(m.name, m.version): m for m in client.info().models}
     batched = info[("mlp_batched", 1)]
-    assert batched.instance_count == 2
-    # instance_count is unset in its model.toml: on the CPU one batch runs at a time.
+    # instance_count is unset in its model.toml: on the CPU one batch runs at a time, on
+    # one lane (the model without batching keeps the default two).
+    assert batched.instance_count == 1 and info[("mlp", 1)].instance_count == 2
     assert batched.dynamic_batching.concurrent_batches == 1
     assert list(batched.dynamic_batching.preferred_batch_size) == [16, 32]
     assert batched.dynamic_batching.max_queue_delay_microseconds == 2000
@@ -107,7 +108,8 @@ def test_info_reports_executor_and_batching(client: Client) -> None:
         status.reason
         == "the model runs on CPUExecutionProvider, so its batches stay in host memory"
     )
-    assert [lane.index for lane in status.lanes] == [0, 1]
+    assert [lane.index for lane in status.lanes] == [0]
+    assert [lane.index for lane in info[("mlp", 1)].executor_status.lanes] == [0, 1]
     assert sum(lane.runs for lane in status.lanes) >= 1  # warm-up runs directly, not on a lane
     host = next(p for p in status.pools if p.name == "host")
     assert host.in_use_bytes == 0

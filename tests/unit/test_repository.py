@@ -114,6 +114,15 @@ def test_batching_needs_a_dynamic_first_dimension() -> None:
         check_batching(ModelConfig(max_batch_size=4), [TensorSpec("f", DType.FLOAT32, (3, 2))])
 
 
+def test_a_batching_model_on_the_host_runs_one_batch_unless_told_otherwise() -> None:
+    batching = {"max_batch_size": 8, "dynamic_batching": {}}
+    assert ModelConfig(**batching).instances_on("cpu") == 1
+    assert ModelConfig(**batching).instances_on("cuda") == 2  # lanes overlap copies
+    assert ModelConfig(**batching, instance_count=3).instances_on("cpu") == 3
+    assert ModelConfig(**batching, instance_count=2).instances_on("cpu") == 2  # said, kept
+    assert ModelConfig(max_batch_size=8).instances_on("cpu") == 2
+
+
 def test_an_unreadable_model_toml_fails_only_that_model(tmp_path: Path) -> None:
     touch(tmp_path / "good" / "1" / "model.onnx")
     touch(tmp_path / "latin1" / "1" / "model.onnx")

@@ -55,10 +55,11 @@ def build_executor(
     name: str,
     backend: Backend,
     make_backend: Callable[[DeviceOptions], Backend],
-    lanes: int,
+    lanes: Callable[[str], int],
     where: DeviceOptions,
 ) -> tuple[Executor, Backend]:
-    """The executor for a loaded backend, and the backend that now describes the model.
+    """The executor for a loaded backend, and the backend that now describes the model;
+    `lanes` gives its lane count from the executor's kind.
 
     The CUDA executor needs one session per lane, each on its lane's stream, so the probe
     session is closed and replaced by lane sessions.
@@ -73,9 +74,9 @@ def build_executor(
         executor = CudaExecutor(
             name,
             lambda stream: make_backend(replace(where, cuda_stream=stream)),
-            lanes,
+            lanes(kind),
             where.device_id,
             reason,
         )
         return executor, executor.primary_backend
-    return CpuExecutor(name, backend, lanes, reason), backend
+    return CpuExecutor(name, backend, lanes(kind), reason), backend

@@ -157,6 +157,21 @@ class ModelConfig(BaseModel):
     postprocess: PostprocessConfig | None = None
     """Serve top-k classes or boxes after NMS instead of the raw outputs they come from."""
 
+    def instances_on(self, executor_kind: str) -> int:
+        """Runs of this model that may execute at once on an executor of `executor_kind`
+        (its lanes): instance_count, except for a model that batches on the host with
+        instance_count unset. That one runs one batch at a time, on one lane: the batcher
+        fills the batch with everything queued meanwhile, and a second batch beside it would
+        only split the queue into smaller runs that cost more per request. A second lane
+        taking turns with the first measured slower too (README: Batching and executors)."""
+        if (
+            executor_kind == "cpu"
+            and self.dynamic_batching is not None
+            and "instance_count" not in self.model_fields_set
+        ):
+            return 1
+        return self.instance_count
+
     @model_validator(mode="after")
     def _check_kind(self) -> ModelConfig:
         if self.kind == "predict" and self.generator is not None:

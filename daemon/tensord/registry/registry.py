@@ -261,13 +261,13 @@ class ModelRegistry:
 
         if config.backend == "tensorrt":
             executor, backend = build_tensorrt_executor(
-                entry.name, make, config.instance_count, self._where
+                entry.name, make, config.instances_on("cuda"), self._where
             )
         else:
             backend = make(self._where)
             try:
                 executor, backend = build_executor(
-                    entry.name, backend, make, config.instance_count, self._where
+                    entry.name, backend, make, config.instances_on, self._where
                 )
             except BaseException:
                 backend.close()
@@ -385,20 +385,13 @@ def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:
     if config.dynamic_batching is None or executor is None:
         return None
     db = config.dynamic_batching
-    instances = config.instance_count
-    if executor.kind == "cpu" and "instance_count" not in config.model_fields_set:
-        # On the host, one batch at a time unless model.toml says otherwise: the batcher
-        # fills it with everything queued meanwhile, and a second batch running beside it
-        # only splits the queue into smaller runs that cost more per request (interleaved
-        # runs on 2 cores at 64 in flight: 1,066-1,287 req/s with two, 1,239-1,923 with one).
-        instances = 1
     settings = BatchingSettings(
         max_batch_size=config.max_batch_size,
         preferred_batch_size=tuple(db.preferred_batch_size),
         max_queue_delay_s=db.max_queue_delay_microseconds / 1e6,
         max_queue_size=db.max_queue_size,
         default_timeout_s=db.default_timeout_microseconds / 1e6,
-        instances=instances,
+        instances=config.instances_on(executor.kind),
     )
     return DynamicBatcher(
         entry.name, settings, functools.partial(run_splitting_on_oom, executor.run)

@@ -169,8 +169,7 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
         max_batch_size=mv.config.max_batch_size,
         load_time_ms=mv.load_time_s * 1e3,
         kind=mv.kind,
-        # A generator's engine runs one step at a time, whatever model.toml's default says.
-        instance_count=1 if mv.kind == "generator" else mv.config.instance_count,
+        instance_count=_instances(mv),
     )
     if mv.placement is not None:
         info.provider = mv.placement.provider
@@ -209,6 +208,15 @@ def model_info(mv: ModelVersion) -> pb.ModelInfo:
             d.expired, d.rejected, d.queue_depth = s.expired, s.rejected, mv.batcher.queue_depth
             d.concurrent_batches = mv.batcher.settings.instances
     return info
+
+
+def _instances(mv: ModelVersion) -> int:
+    """Runs that may execute at once, as served (not only as model.toml says)."""
+    if mv.kind == "generator":
+        return 1  # the engine runs one step at a time, whatever model.toml's default says
+    if mv.executor is not None:
+        return mv.config.instances_on(mv.executor.kind)
+    return mv.config.instance_count
 
 
 def executor_status(stats: ExecutorStats, reason: str) -> pb.ExecutorStatus:
