@@ -119,8 +119,10 @@ class ModelRunner:
         hands the previous step's tokens to the event loop there, so that the loop's work
         overlaps the pass, which runs without the GIL)."""
         self._before_run = before_run
-        decodes = [i for i in items if _is_decode(i)]
-        prefills = [i for i in items if not _is_decode(i)]
+        decodes: list[StepItem] = []
+        prefills: list[StepItem] = []
+        for item in items:
+            (decodes if _is_decode(item) else prefills).append(item)
         parts = []
         if prefills:
             parts.append(self._prefill(prefills))

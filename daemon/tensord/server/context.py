@@ -103,12 +103,13 @@ def _observe(
 ) -> None:
     """Hand the finished call to the servicer's observer (metrics, tracing), if it has one."""
     observer = getattr(servicer, "observer", None)
+    if observer is None:
+        return
     if rpc == "Health" and is_probe(context.invocation_metadata()):
         return  # the daemon's own watchdog, not a client
-    if observer is not None:
-        elapsed = time.perf_counter() - start
-        model = getattr(request, "model", "")
-        observer.finished(rpc, model, code, elapsed, rid, context, message)
+    elapsed = time.perf_counter() - start
+    model = getattr(request, "model", "")
+    observer.finished(rpc, model, code, elapsed, rid, context, message)
 
 
 async def _fail(
