@@ -88,6 +88,16 @@ DETECTOR_BOXES = np.array(
     [[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30], [0, 0, 10, 10]], dtype=np.float32
 )
 DETECTOR_SCORES = np.array([[0.9, 0.1], [0.8, 0.7], [0.3, 0.2], [0.9, 0.05]], dtype=np.float32)
+SMALL_GENERATOR_TOML = """\
+[generator]
+block_size = 16
+num_blocks = 160
+max_num_seqs = 16
+max_num_batched_tokens = 256
+max_queue_size = 64
+"""
+"""A demo generator's model.toml with a small KV pool (160 blocks: one 2,048-token
+sequence and some): cheap to load in the grpc tests."""
 DETECTOR_TOML = """max_batch_size = 8
 
 [preprocess]

@@ -17,16 +17,10 @@ from tensord.v1 import inference_pb2 as pb
 from tensord_client import AsyncClient, Client
 from tests.conftest import ServerThread, serve, start_server
 from tests.generate_reference import ReferenceModel
+from tests.models import SMALL_GENERATOR_TOML
 
 MODEL = "tinylm"
-GENERATOR_TOML = """\
-[generator]
-block_size = 16
-num_blocks = 160
-max_num_seqs = 16
-max_num_batched_tokens = 256
-max_queue_size = 64
-"""
+GENERATOR_TOML = SMALL_GENERATOR_TOML
 
 
 @pytest.fixture(scope="module")

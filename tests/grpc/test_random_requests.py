@@ -21,6 +21,7 @@ from tensord.dtypes import DType
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tests.conftest import ServerThread, start_server
+from tests.models import SMALL_GENERATOR_TOML
 
 Code = grpc.StatusCode
 # What a request of the caller's making may get (DESIGN.md's error table); UNKNOWN,
@@ -202,21 +203,12 @@ def test_random_predict_requests_get_table_statuses_and_leave_nothing_behind(
 
 # --- Generate ------------------------------------------------------------------------------
 
-GENERATOR_TOML = """\
-[generator]
-block_size = 16
-num_blocks = 160
-max_num_seqs = 8
-max_num_batched_tokens = 128
-max_queue_size = 16
-"""
-
 
 @pytest.fixture(scope="module")
 def gen_server(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     root = tmp_path_factory.mktemp("random-generate-repo")
     shutil.copytree(demo_repo / "tinylm", root / "tinylm")
-    (root / "tinylm" / "model.toml").write_text(GENERATOR_TOML)
+    (root / "tinylm" / "model.toml").write_text(SMALL_GENERATOR_TOML)
     shutil.copytree(demo_repo / "mlp", root / "mlp")
     srv = start_server(root)
     yield srv
