@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,6 +15,10 @@ from tensord.config import TensordConfig, load_config
 from tensord.demo import build_demo_repository
 from tensord.server.app import TensordServer
 from tests.models import build_test_repository
+
+if TYPE_CHECKING:
+    from tensord.v1 import inference_pb2 as pb
+    from tensord_client import Client
 
 
 @pytest.fixture(scope="session")
@@ -140,3 +145,16 @@ def serve(repo: Path, **settings: object) -> ServerThread:
     overrides: dict[str, object] = {"model_repository": str(repo), "server.listen": "127.0.0.1:0"}
     overrides.update({k.replace("__", "."): v for k, v in settings.items()})
     return ServerThread(load_config(None, env={}, overrides=overrides)).start()
+
+
+def wait_generator_idle(client: Client, model: str, timeout: float = 5.0) -> pb.GeneratorStatus:
+    """A generator's status once no sequence runs, waits or holds a KV block (aborts land
+    within a step), or as it is when `timeout` seconds have passed."""
+    end = time.monotonic() + timeout
+    while True:
+        (info,) = [m for m in client.info().models if m.name == model]
+        status = info.generator
+        idle = (status.running, status.waiting, status.kv_cache.used_blocks) == (0, 0, 0)
+        if idle or time.monotonic() > end:
+            return status
+        time.sleep(0.02)

@@ -15,7 +15,7 @@ import pytest
 
 from tensord.v1 import inference_pb2 as pb
 from tensord_client import AsyncClient, Client
-from tests.conftest import ServerThread, serve, start_server
+from tests.conftest import ServerThread, serve, start_server, wait_generator_idle
 from tests.generate_reference import ReferenceModel
 from tests.models import SMALL_GENERATOR_TOML
 
@@ -41,21 +41,6 @@ def gen_server(gen_repo: Path) -> Iterator[ServerThread]:
 @pytest.fixture(scope="module")
 def reference(gen_repo: Path) -> ReferenceModel:
     return ReferenceModel(gen_repo / MODEL)
-
-
-def _kv(client: Client) -> pb.KvCacheStatus:
-    (model,) = [m for m in client.info().models if m.name == MODEL]
-    return model.generator.kv_cache
-
-
-def _wait_idle(client: Client, timeout: float = 5.0) -> pb.KvCacheStatus:
-    """The KV pool once no sequence holds a block (aborts land within a step)."""
-    end = time.monotonic() + timeout
-    while True:
-        kv = _kv(client)
-        if kv.used_blocks == 0 or time.monotonic() > end:
-            return kv
-        time.sleep(0.02)
 
 
 def _prompts(count: int, seed: int = 0) -> list[list[int]]:
@@ -105,7 +90,7 @@ def test_sixteen_streams_equal_the_no_cache_reference(
     assert compared >= 16 * new_tokens * 0.9  # near ties are rare on this model
     assert len({tuple(t) for t, _ in results}) == 16  # different prompts, different outputs
     with Client(gen_server.target) as client:
-        kv = _wait_idle(client)
+        kv = wait_generator_idle(client, MODEL).kv_cache
         assert kv.used_blocks == 0 and kv.free_blocks == kv.total_blocks == 160
         assert kv.cached_blocks > 0  # full prompt blocks stay cached for reuse
 
@@ -219,10 +204,10 @@ def test_cancelled_streams_free_their_blocks(gen_server: ServerThread) -> None:
     seen = asyncio.run(run())
     assert len(seen) == 100 and min(seen) >= 3
     with Client(gen_server.target) as client:
-        kv = _wait_idle(client)
+        status = wait_generator_idle(client, MODEL)
+        kv = status.kv_cache
         assert kv.used_blocks == 0 and kv.free_blocks == kv.total_blocks
-        (model,) = [m for m in client.info().models if m.name == MODEL]
-        assert model.generator.running == 0 and model.generator.waiting == 0
+        assert status.running == 0 and status.waiting == 0
 
 
 def test_deadlines_end_streams_and_free_blocks(gen_server: ServerThread) -> None:
@@ -240,7 +225,7 @@ def test_deadlines_end_streams_and_free_blocks(gen_server: ServerThread) -> None
                     got.append(chunk)
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             assert got  # tokens streamed before the deadline stay valid
-        kv = _wait_idle(client)
+        kv = wait_generator_idle(client, MODEL).kv_cache
         assert kv.used_blocks == 0 and kv.free_blocks == kv.total_blocks
 
 
@@ -398,7 +383,7 @@ def test_a_tight_token_budget_prefills_one_token_a_step(
     try:
         results = asyncio.run(run())
         with Client(srv.target) as client:
-            assert _wait_idle(client).used_blocks == 0
+            assert wait_generator_idle(client, MODEL).kv_cache.used_blocks == 0
     finally:
         srv.stop()
     for prompt, n, (tokens, chunks) in zip(prompts, lengths, results, strict=True):
@@ -422,7 +407,7 @@ def test_one_token_blocks_load_and_generate(
                 for c in client.generate(MODEL, token_ids=prompt, max_tokens=12, temperature=0)
                 for t in c.token_ids
             ]
-            assert _wait_idle(client).used_blocks == 0
+            assert wait_generator_idle(client, MODEL).kv_cache.used_blocks == 0
     finally:
         srv.stop()
     assert len(tokens) == 12

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +19,8 @@ from tensord.codec import encode_tensor
 from tensord.dtypes import DType
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
-from tests.conftest import ServerThread, start_server
+from tensord_client import Client
+from tests.conftest import ServerThread, start_server, wait_generator_idle
 from tests.models import SMALL_GENERATOR_TOML
 
 Code = grpc.StatusCode
@@ -297,16 +297,10 @@ def test_random_generate_requests_get_table_statuses_and_free_every_block(
             if code is not Code.OK:
                 assert details and "internal error" not in details, (code, details)
         assert seen.get(Code.OK, 0) >= 10 and seen.get(Code.INVALID_ARGUMENT, 0) >= 30, seen
-        end = time.monotonic() + 10
-        while True:  # aborted streams leave the engine within a step
-            (tinylm,) = [
-                m for m in stub.Info(pb.InfoRequest(), timeout=10).models if m.name == "tinylm"
-            ]
-            g = tinylm.generator
-            if (g.running, g.waiting, g.kv_cache.used_blocks) == (0, 0, 0):
-                break
-            assert time.monotonic() < end, g
-            time.sleep(0.05)
+        with Client(gen_server.target, retries=0) as client:
+            status = wait_generator_idle(client, "tinylm", timeout=10)
+        # Aborted streams leave the engine within a step: nothing runs, waits or holds a block.
+        assert (status.running, status.waiting, status.kv_cache.used_blocks) == (0, 0, 0), status
         good = pb.GenerateRequest(
             model="tinylm",
             prompt="Hello",
