@@ -43,6 +43,11 @@ def test_startup_logs_one_line_per_model(daemon: Daemon) -> None:
         assert {"version", "backend", "provider", "executor", "load_ms"} <= set(entry)
     ready = next(e for e in events if e["event"] == "server.ready")
     assert ready["ready"] == 4 and ready["failed"] == 0
+    # The long-lived heap is frozen once the models are in, before the first request.
+    names = [e["event"] for e in events]
+    assert names.index("server.heap_frozen") < names.index("server.ready")
+    frozen = next(e for e in events if e["event"] == "server.heap_frozen")
+    assert frozen["objects"] > 10_000 and frozen["collect_ms"] >= 0
     # uvloop is a dependency on Linux: the daemon runs on it by default (event_loop "auto").
     import uvloop
 

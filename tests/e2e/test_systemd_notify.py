@@ -106,6 +106,8 @@ def test_ready_watchdog_reload_and_stopping(setup: Path, tmp_path: Path) -> None
         listener.close()
     log = (tmp_path / "tensord.log").read_text()
     assert '"event": "reload.config_rejected"' in log and "unknown_key" in log
+    # Frozen at start-up and again after each of the two reloads.
+    assert log.count('"event": "server.heap_frozen"') == 3
     # Nothing after STOPPING but possibly a last keep-alive sent before it.
     last = listener.messages.index(stopping)
     assert all(m == {"WATCHDOG": "1"} for m in listener.messages[last + 1 :])

@@ -16,7 +16,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tensord import __version__
+from tensord import __version__, heap
 from tensord.backends.base import DeviceOptions
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
@@ -88,6 +88,9 @@ class TensordServer:
         self._reload_queued = False
         self._started = asyncio.Event()
         self._stop_requested = asyncio.Event()
+        self.settles_heap = False
+        """Freeze the long-lived heap after loading and after each reload (tensord.heap);
+        serve_until_signal, the daemon's own path, turns it on."""
         self.observability = Observability(config, self.registry)
         self.security = Security(config, self.observability.rejected)
         self.add_reload_hook(self.security.reload)  # certificates and tokens re-read on SIGHUP
@@ -146,12 +149,19 @@ class TensordServer:
             self.watchdog.start()
         if self._stop_requested.is_set():  # SIGTERM, or a device lost, while loading
             return self.port
+        self._settle_heap()  # before the first request: nobody waits on it
         self.dataplane.serving = True
         await self._sync_health()
         log.info("server.ready", port=self.port, **self.model_counts())
         self.notifier.ready(self.status_line())
         self._started.set()
         return self.port
+
+    def _settle_heap(self) -> None:
+        if not self.settles_heap:
+            return
+        seconds, frozen = heap.settle()
+        log.info("server.heap_frozen", objects=frozen, collect_ms=round(seconds * 1e3, 1))
 
     def model_counts(self) -> dict[str, int]:
         """Model versions by state: {"loading": 0, "ready": 2, "failed": 1, "unloading": 0}."""
@@ -192,6 +202,7 @@ class TensordServer:
                 load_failed=models.failed if models else None,
                 **self.model_counts(),
             )
+            self._settle_heap()
             await self._sync_health()
             suffix = "" if result.ok else "; the last reload had errors (see the log)"
             self.notifier.ready(self.status_line() + suffix)
@@ -299,6 +310,8 @@ class TensordServer:
         """Start; reload on SIGHUP; drain and return the exit status on SIGTERM or SIGINT,
         or after a sticky device error (then non-zero, so that systemd restarts us)."""
         loop = asyncio.get_running_loop()
+        heap.tune()
+        self.settles_heap = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
