@@ -146,4 +146,7 @@ def _combine(
         "cpu_s": cpu,
         "cpu_per_request": per_request,
         "other_cpu_cores": cpu["other"] / window,
+        # Cyclic garbage the load generators collected after their window (the collector
+        # is off during it: loadgen._collector_off).
+        "client_deferred_garbage": sum(r.get("deferred_garbage", 0) for r in reports),
     }
