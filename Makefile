@@ -20,7 +20,7 @@ help:
 	@echo "make setup      virtualenv with the CPU dependency set (onnxruntime)"
 	@echo "make setup-gpu  virtualenv with the GPU dependency set (onnxruntime-gpu)"
 	@echo "make proto      regenerate the Python stubs from protos/"
-	@echo "make bench      run the Predict and Generate benchmarks and the soak run (writes benchmarks/results/)"
+	@echo "make bench      run the Predict (batching off, then on) and Generate benchmarks and the soak run (writes benchmarks/results/)"
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
 	@echo "make lint       ruff and mypy"
@@ -105,6 +105,7 @@ test: $(SETUP_STAMP) $(VENV)/.setup-export npm-deps systemd-tools test-packages
 
 bench: $(SETUP_STAMP) demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)
+	$(PY) benchmarks/predict_bench.py --batching $(ARGS)
 	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
 

@@ -1,6 +1,6 @@
 """Predict throughput and latency of tensord against its two limits, in one run.
 
-    python benchmarks/predict_bench.py [--duration S] [--concurrency 1,8,32,64] [--quick]
+    python benchmarks/predict_bench.py [--duration S] [--concurrency 1,8,32,64,128] [--quick]
 
 For each concurrency (calls in flight) it measures batch-1 Predict on the demo `mlp`:
   echo     a bare grpc.aio server answering the same bytes: the transport limit
@@ -49,8 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, help="seconds of load before each window (1)")
     parser.add_argument(
         "--concurrency",
-        default="1,8,32,64",
-        help="comma-separated calls in flight (default 1,8,32,64)",
+        default="1,8,32,64,128",
+        help="comma-separated calls in flight (default 1,8,32,64,128)",
     )
     parser.add_argument("--quick", action="store_true", help="1.5 s windows, 0.5 s warm-ups")
     parser.add_argument(
