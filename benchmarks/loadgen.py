@@ -109,8 +109,8 @@ def _collector_off(window: Window) -> Iterator[None]:
     """No cyclic garbage collection in this process from the warm-up to the end of the
     window (as timeit does). Left on, the client's own collections (up to ~18 ms for a
     full one) stopped every call in flight, and the pause counted as server latency.
-    grpc leaves a small reference cycle per call; what piled up is collected afterwards
-    and its size reported (`deferred_garbage`)."""
+    Whatever cyclic garbage piled up is collected afterwards and counted
+    (`deferred_garbage`; grpc's client calls leave none in practice)."""
     gc.collect()
     gc.freeze()
     gc.disable()

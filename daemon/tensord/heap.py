@@ -3,7 +3,7 @@
 Two costs of CPython's default collector, measured on the 2-core benchmark host with the
 daemon serving the demo repository at 64 Predict calls in flight:
 
-* The heap after start-up holds about 80,000 objects that live as long as the process
+* The heap after start-up holds about 75,000 objects that live as long as the process
   (ONNX Runtime, protobuf, NumPy and their modules, the config, the models' metadata).
   Every full collection walks all of them: 32-35 ms with the event loop stopped, about
   every 1.5 s under load (grpc.aio leaves a reference cycle of five objects behind every
