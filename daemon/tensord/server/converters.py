@@ -25,11 +25,9 @@ def predict_call(request: pb.PredictRequest, time_remaining: float | None) -> Pr
     return PredictCall(request.model, request.version, inputs, list(request.output_names), deadline)
 
 
-def predict_response(
-    result: PredictResult, encoding: pb.TensorEncoding, total_us: int
-) -> pb.PredictResponse:
-    """Encode a PredictResult, raw bytes unless typed contents were asked for."""
-    contents = encoding == pb.TENSOR_ENCODING_CONTENTS
+def predict_response(result: PredictResult, contents: bool, total_us: int) -> pb.PredictResponse:
+    """Encode a PredictResult: raw bytes, or typed contents when `contents` (the request
+    asked for TENSOR_ENCODING_CONTENTS)."""
     response = pb.PredictResponse(model=result.model, version=result.version)
     outputs = response.outputs
     for name, array in result.outputs:

@@ -74,10 +74,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
                 total_us=total_us,
             )
         if offload:
-            return await asyncio.to_thread(
-                converters.predict_response, result, request.output_encoding, total_us
-            )
-        return converters.predict_response(result, request.output_encoding, total_us)
+            return await asyncio.to_thread(converters.predict_response, result, contents, total_us)
+        return converters.predict_response(result, contents, total_us)
 
     def _plan_reply(self, result: PredictResult, contents: bool) -> bool:
         """One walk over the outputs: RESOURCE_EXHAUSTED before encoding outputs that cannot
