@@ -22,15 +22,12 @@ class DType(enum.IntEnum):
     FLOAT64 = 10
     STRING = 11
 
-    @property
-    def numpy(self) -> np.dtype:
-        """The little-endian NumPy dtype that holds this type's elements."""
-        return _NUMPY[self]
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element in raw encoding (0 for STRING, which is variable)."""
-        return 0 if self is DType.STRING else _NUMPY[self].itemsize
+    # Set on every member below, from _NUMPY: plain attributes, since the codec reads them
+    # for every tensor of every request (a property would hash the member on each read).
+    numpy: np.dtype
+    """The little-endian NumPy dtype that holds this type's elements."""
+    itemsize: int
+    """Bytes per element in raw encoding (0 for STRING, which is variable)."""
 
 
 def _bfloat16_dtype() -> np.dtype:
@@ -56,6 +53,10 @@ _NUMPY: dict[DType, np.dtype] = {
     DType.FLOAT64: np.dtype("<f8"),
     DType.STRING: np.dtype(object),
 }
+
+for _member, _dtype in _NUMPY.items():
+    _member.numpy = _dtype
+    _member.itemsize = 0 if _member is DType.STRING else _dtype.itemsize
 
 # ONNX Runtime describes types as "tensor(float)" and so on.
 _ORT_NAMES: dict[str, DType] = {
