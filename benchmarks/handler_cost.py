@@ -3,14 +3,15 @@
     python benchmarks/handler_cost.py [--concurrency 1,64] [--requests 6000] [--batching]
 
 It starts the daemon in-process on the demo repository (as `tensord serve` does: uvloop,
-its logging set-up and GIL switch interval, models loaded and warmed), then calls the
-Predict handler directly, with the servicer's own decorator, on requests parsed from the
-same bytes as predict_bench.py sends, `--concurrency` callers at a time. It reports the
-CPU the event loop's thread spends per request (time.thread_time: user + system) and the
-rate. The model's runs happen on the lanes, so the figure is the daemon's Python (decode,
-validate, queue, hand-off, encode) plus the event loop's share of the hand-off; the gap to
-what the served daemon spends per request on that thread is grpc.aio's per-call work.
-The call context is a minimal stand-in (no metadata, a 30 s deadline): this measures the
+its logging set-up, GIL switch interval and collector settings, models loaded and
+warmed, the long-lived heap frozen), then calls the Predict handler directly, with the
+servicer's own decorator, on requests parsed from the same bytes as predict_bench.py
+sends, `--concurrency` callers at a time. It reports the CPU the event loop's thread
+spends per request (time.thread_time: user + system) and the rate. The model's runs
+happen on the lanes, so the figure is the daemon's Python (decode, validate, queue,
+hand-off, encode) plus the event loop's share of the hand-off; the gap to what the
+served daemon spends per request on that thread is grpc.aio's per-call work. The call
+context is a minimal stand-in (no metadata, a 30 s deadline): this measures the
 handler's cost, it does not test serving.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import sys
 import tempfile
 import time
@@ -30,6 +30,7 @@ import use_venv  # noqa: F401
 from payloads import MODEL, request_bytes
 from predict_bench import DEFAULT_REPOSITORY, batching_copy, ensure_repository
 
+from tensord import heap
 from tensord.config import load_config
 from tensord.eventloop import run as run_loop
 from tensord.logs import configure_logging
@@ -60,7 +61,9 @@ async def _measure(repository: Path, levels: list[int], requests: int) -> None:
     )
     configure_logging("json", "warning")
     sys.setswitchinterval(config.server.switch_interval_us / 1e6)
+    heap.tune()
     server = TensordServer(config)
+    server.settles_heap = True
     await server.start()
     try:
         servicer = InferenceServicer(server.dataplane)
@@ -75,7 +78,7 @@ async def _measure(repository: Path, levels: list[int], requests: int) -> None:
         for level in levels:
             per_caller = max(1, requests // level)
             await asyncio.gather(*(caller(max(1, 200 // level)) for _ in range(level)))
-            gc.collect()
+            heap.settle()  # the warm-up's garbage, as after a reload
             cpu, wall = time.thread_time(), time.perf_counter()
             await asyncio.gather(*(caller(per_caller) for _ in range(level)))
             cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
