@@ -116,7 +116,7 @@ def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
     if nonzero * max(dtype.itemsize, 8) > _MAX_BYTES:
         raise InvalidArgumentError(
             f"{_label(where, tensor)}: shape {shape_text(shape)} is too large to hold in "
-            f"memory (more than {_MAX_BYTES} bytes, zero dimensions aside)"
+            "memory (more than 2^62 bytes, 4 EiB, zero dimensions aside)"
         )
     kind = tensor.WhichOneof("data")
     if kind == "raw_data":

@@ -143,7 +143,8 @@ CASES: list[tuple[str, pb.PredictRequest, Code, str]] = [
         "shape too large to hold",
         mlp(tensor(shape=[0, 2**62])),
         Code.INVALID_ARGUMENT,
-        "inputs[0] 'input': shape [0, 4611686018427387904] is too large to hold in memory",
+        "inputs[0] 'input': shape [0, 4611686018427387904] is too large to hold in memory "
+        "(more than 2^62 bytes, 4 EiB",
     ),
     (
         "more strings than bytes",  # refused before anything is allocated for 2**28 strings

@@ -253,14 +253,16 @@ class DynamicBatcher:
             if not live:
                 return
             result = await self._run_batch([p.inputs for p in live], live[0].output_names)
-            self._record(live, [p for p in live if not p.future.done()])
+            served = []
             offset = 0
             for pending in live:
                 if not pending.future.done():
                     share = [out[offset : offset + pending.size] for out in result.outputs]
                     queue_s = start - pending.arrived + result.queue_s
                     pending.future.set_result(RunResult(share, queue_s, result.compute_s))
+                    served.append(pending)
                 offset += pending.size
+            self._record(live, served)
         except Exception as exc:
             for pending in batch:
                 if not pending.future.done():
