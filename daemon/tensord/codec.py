@@ -37,7 +37,8 @@ _DTYPE_NAMES = ", ".join(pb.DataType.Name(int(d)) for d in DType)
 _U32 = struct.Struct("<I")
 MAX_RANK = 64
 """NumPy's (and ONNX Runtime's) largest rank."""
-_MAX_BYTES = 2**62
+_MAX_BYTES_LOG2 = 62
+_MAX_BYTES = 1 << _MAX_BYTES_LOG2
 """No tensor's elements may need more bytes than this, counted without its zero dimensions
 (NumPy refuses such shapes even when they hold no element)."""
 _SHOWN_DIMS = 8
@@ -116,7 +117,8 @@ def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
     if nonzero * max(dtype.itemsize, 8) > _MAX_BYTES:
         raise InvalidArgumentError(
             f"{_label(where, tensor)}: shape {shape_text(shape)} is too large to hold in "
-            "memory (more than 2^62 bytes, 4 EiB, zero dimensions aside)"
+            f"memory (more than 2^{_MAX_BYTES_LOG2} bytes, {_MAX_BYTES >> 60} EiB, zero "
+            "dimensions aside)"
         )
     kind = tensor.WhichOneof("data")
     if kind == "raw_data":
