@@ -20,6 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,27 +30,17 @@ from tensord.executor.base import ExecutorStats, LaneStats, PoolStats, RunResult
 _QUEUED, _STARTED, _DROPPED = 0, 1, 2
 
 
+@dataclass(slots=True, eq=False)  # eq=False: a run is itself, not its fields
 class _Run:
     """One queued run; `state` changes under the executor's lock."""
 
-    __slots__ = ("deadline", "future", "loop", "output_names", "parts", "state", "submitted")
-
-    def __init__(
-        self,
-        parts: Sequence[Mapping[str, np.ndarray]],
-        output_names: Sequence[str],
-        deadline: float | None,
-        submitted: float,
-        loop: asyncio.AbstractEventLoop,
-        future: asyncio.Future[RunResult],
-    ) -> None:
-        self.parts = parts
-        self.output_names = output_names
-        self.deadline = deadline
-        self.submitted = submitted
-        self.loop = loop
-        self.future = future
-        self.state = _QUEUED
+    parts: Sequence[Mapping[str, np.ndarray]]
+    output_names: Sequence[str]
+    deadline: float | None
+    submitted: float
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[RunResult]
+    state: int = _QUEUED
 
     def settle(self, result: RunResult | None, error: BaseException | None) -> None:
         """From any thread: answer the awaited future on its loop (unless already answered)."""
