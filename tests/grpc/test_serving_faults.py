@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -22,6 +22,7 @@ from tensord.config import load_config
 from tensord.errors import InternalError, OutOfMemoryError
 from tensord.registry.model_config import ModelConfig
 from tensord.registry.registry import BackendFactory, default_backend_factory
+from tensord.v1 import inference_pb2 as pb
 from tensord_client import Client
 from tests.conftest import ServerThread, serve
 from tests.models import WrappedBackend, build_slow
@@ -213,6 +214,21 @@ def test_out_of_memory_splits_a_batch_but_not_a_whole_tensor(oom_repo: Path) -> 
     assert err.details() == f"out of memory running the batch: {rows} rows"
 
 
+def wait_for_executor(
+    srv: ServerThread, model: str, ready: Callable[[pb.ExecutorStatus], bool], what: str
+) -> None:
+    """Poll Info until `model`'s executor status satisfies `ready`; fail with `what` after
+    30 s."""
+    with Client(srv.target, timeout=10, retries=0) as client:
+        deadline = time.monotonic() + 30
+        while True:
+            (status,) = [m.executor_status for m in client.info().models if m.name == model]
+            if ready(status):
+                return
+            assert time.monotonic() < deadline, what
+            time.sleep(0.005)
+
+
 def test_large_replies_finished_during_the_drain_arrive_whole(tmp_path: Path) -> None:
     """Calls that end during the drain get their whole reply, megabytes included: gRPC is
     stopped (and its connections closed) only after their handlers returned and a moment
@@ -233,14 +249,10 @@ def test_large_replies_finished_during_the_drain_arrive_whole(tmp_path: Path) ->
     calls = [threading.Thread(target=call) for _ in range(4)]
     for thread in calls:
         thread.start()
-    with Client(srv.target, timeout=10, retries=0) as client:
-        deadline = time.monotonic() + 30
-        while True:  # all four in the server: two running, two queued
-            (slow,) = [m.executor_status for m in client.info().models if m.name == "slow"]
-            if slow.running + slow.queue_depth == 4:
-                break
-            assert time.monotonic() < deadline, "the calls did not all arrive"
-            time.sleep(0.005)
+    # All four in the server: two running, two queued.
+    wait_for_executor(
+        srv, "slow", lambda s: s.running + s.queue_depth == 4, "the calls did not all arrive"
+    )
     srv.stop(grace=30)
     for thread in calls:
         thread.join(60)
@@ -268,14 +280,7 @@ def test_a_run_still_going_when_the_grace_ends_is_cut_short(tmp_path: Path) -> N
 
     caller = threading.Thread(target=call)
     caller.start()
-    with Client(srv.target, timeout=10, retries=0) as client:
-        deadline = time.monotonic() + 30
-        while True:
-            (model,) = [m.executor_status for m in client.info().models if m.name == "outlasting"]
-            if model.running:
-                break
-            assert time.monotonic() < deadline, "the call never started running"
-            time.sleep(0.005)
+    wait_for_executor(srv, "outlasting", lambda s: s.running > 0, "the call never started running")
     start = time.monotonic()
     srv.stop(grace=0.3)
     stopped_in = time.monotonic() - start
