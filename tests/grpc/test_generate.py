@@ -20,14 +20,13 @@ from tests.generate_reference import ReferenceModel
 from tests.models import SMALL_GENERATOR_TOML
 
 MODEL = "tinylm"
-GENERATOR_TOML = SMALL_GENERATOR_TOML
 
 
 @pytest.fixture(scope="module")
 def gen_repo(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("generator-repo")
     shutil.copytree(demo_repo / MODEL, root / MODEL)
-    (root / MODEL / "model.toml").write_text(GENERATOR_TOML)
+    (root / MODEL / "model.toml").write_text(SMALL_GENERATOR_TOML)
     return root
 
 
@@ -318,7 +317,7 @@ def test_stream_interval_merges_tokens_but_not_the_first(
 ) -> None:
     root = tmp_path / "repo"
     shutil.copytree(gen_repo, root)
-    (root / MODEL / "model.toml").write_text(GENERATOR_TOML + "stream_interval = 3\n")
+    (root / MODEL / "model.toml").write_text(SMALL_GENERATOR_TOML + "stream_interval = 3\n")
     prompt, new_tokens = list(range(40, 60)), 13
     with Client(gen_server.target) as client:
         expected = [
