@@ -60,10 +60,8 @@ async def _measure(repository: Path, levels: list[int], requests: int) -> None:
         env={}, overrides={"model_repository": str(repository), "server.listen": "127.0.0.1:0"}
     )
     configure_logging("json", "warning")
-    sys.setswitchinterval(config.server.switch_interval_us / 1e6)
-    heap.tune()
     server = TensordServer(config)
-    server.settles_heap = True
+    server.adopt_process_settings()
     await server.start()
     try:
         servicer = InferenceServicer(server.dataplane)

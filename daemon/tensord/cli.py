@@ -51,7 +51,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = _config_from(args)
     configure_logging(config.server.log_format, config.server.log_level)
-    sys.setswitchinterval(config.server.switch_interval_us / 1e6)
     try:
         main = _serve(TensordServer, config, lambda: _config_from(args))
         return run(main, config.server.event_loop)

@@ -90,7 +90,7 @@ class TensordServer:
         self._stop_requested = asyncio.Event()
         self.settles_heap = False
         """Freeze the long-lived heap after loading and after each reload (tensord.heap);
-        serve_until_signal, the daemon's own path, turns it on."""
+        adopt_process_settings, on the daemon's own path, turns it on."""
         self.observability = Observability(config, self.registry)
         self.security = Security(config, self.observability.rejected)
         self.add_reload_hook(self.security.reload)  # certificates and tokens re-read on SIGHUP
@@ -306,12 +306,19 @@ class TensordServer:
             if entry.engine is not None:
                 await asyncio.to_thread(entry.engine.close, error)
 
+    def adopt_process_settings(self) -> None:
+        """Run this process as the daemon runs: the GIL switch interval from the config
+        (a reload applies a new one), the collector tuned, and the long-lived heap frozen
+        after loading and after each reload."""
+        sys.setswitchinterval(self.config.server.switch_interval_us / 1e6)
+        heap.tune()
+        self.settles_heap = True
+
     async def serve_until_signal(self) -> int:
         """Start; reload on SIGHUP; drain and return the exit status on SIGTERM or SIGINT,
         or after a sticky device error (then non-zero, so that systemd restarts us)."""
         loop = asyncio.get_running_loop()
-        heap.tune()
-        self.settles_heap = True
+        self.adopt_process_settings()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.request_reload)
