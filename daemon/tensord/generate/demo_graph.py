@@ -89,24 +89,29 @@ def _rms_norm(b: _Builder, x: str, weight: str, eps: str) -> str:
 
 
 def _mask_and_rope(b: _Builder, shape: DecoderShape) -> tuple[str, str, str]:
-    """The visibility mask [B, 1, 1, T, P+T] and the rotary cos/sin [B, 1, T, D]."""
+    """The visibility mask [B, 1, group*T, P+T] and the rotary cos/sin [B, 1, T, D].
+
+    The mask's rows are those of the attention scores, whose queries are grouped by the KV
+    head they read: row g*T + t is query t of the group's g-th head."""
     cos, sin = rope_tables(shape)
     b.const("rope_cos", cos)
     b.const("rope_sin", sin)
     b.const("axes_0", np.array([0], np.int64))
     b.const("axes_1", np.array([1], np.int64))
-    b.const("axes_123", np.array([1, 2, 3], np.int64))
+    b.const("axes_12", np.array([1, 2], np.int64))
     b.const("one", np.array(1, np.int64))
     past = b.op("Squeeze", b.op("Shape", "past_key_values.0.key", start=2, end=3), "axes_0")
     new = b.op("Squeeze", b.op("Shape", "input_ids", start=1, end=2), "axes_0")
     total = b.op("Add", past, new)
     rows = b.op("Unsqueeze", b.op("Range", past, total, "one"), "axes_1")  # [T, 1]
+    group = shape.num_heads // shape.num_kv_heads
+    rows = b.op("Tile", rows, b.const("group_rows", np.array([group, 1], np.int64)))
     cols = b.op(
         "Unsqueeze", b.op("Range", b.const("zero", np.array(0, np.int64)), total, "one"), "axes_0"
     )  # [1, P+T]
-    causal = b.op("LessOrEqual", cols, rows)  # [T, P+T]
-    keys = b.op("Unsqueeze", b.op("Cast", "attention_mask", to=TensorProto.BOOL), "axes_123")
-    visible = b.op("And", causal, keys, out="visible")  # [B, 1, 1, T, P+T]
+    causal = b.op("LessOrEqual", cols, rows)  # [group*T, P+T]
+    keys = b.op("Unsqueeze", b.op("Cast", "attention_mask", to=TensorProto.BOOL), "axes_12")
+    visible = b.op("And", causal, keys, out="visible")  # [B, 1, group*T, P+T]
     cos_bt = b.op("Unsqueeze", b.op("Gather", "rope_cos", "position_ids"), "axes_1")
     sin_bt = b.op("Unsqueeze", b.op("Gather", "rope_sin", "position_ids"), "axes_1")
     return visible, cos_bt, sin_bt
@@ -131,12 +136,15 @@ def _attention(
     v = _heads(b, x, f"{p}.v_proj.weight_t", s.num_kv_heads, s.head_dim)
     key = b.op("Concat", f"past_key_values.{i}.key", k, axis=2, out=f"present.{i}.key")
     value = b.op("Concat", f"past_key_values.{i}.value", v, axis=2, out=f"present.{i}.value")
-    # Query head h reads KV head h // group: [B, H_kv, group, T, D] against [B, H_kv, 1, ., .].
-    q5 = b.op("Reshape", q, "q_grouped_shape")
-    k5 = b.op("Unsqueeze", b.op("Transpose", key, perm=[0, 1, 3, 2]), "axes_2")
-    scores = b.op("Mul", b.op("MatMul", q5, k5), "attn_scale")
+    # Query head h reads KV head h // group: the group's queries are the rows of one
+    # [B, H_kv, group*T, D] block against that KV head's keys, with no copy of the keys per
+    # query head and no broadcast MatMul (ONNX Runtime folds the key transpose and the scale
+    # into one FusedMatMul).
+    grouped = b.op("Reshape", q, "q_grouped_shape")
+    keys_t = b.op("Transpose", key, perm=[0, 1, 3, 2])
+    scores = b.op("Mul", b.op("MatMul", grouped, keys_t), "attn_scale")
     probs = b.op("Softmax", b.op("Where", visible, scores, "masked"), axis=-1)
-    ctx = b.op("MatMul", probs, b.op("Unsqueeze", value, "axes_2"))  # [B, H_kv, group, T, D]
+    ctx = b.op("MatMul", probs, value)  # [B, H_kv, group*T, D]
     ctx = b.op("Reshape", ctx, "ctx_heads_shape")  # [B, H, T, D]
     merged = b.op("Reshape", b.op("Transpose", ctx, perm=[0, 2, 1, 3]), "merge_shape")
     return b.op("MatMul", merged, f"{p}.o_proj.weight_t")
@@ -151,13 +159,11 @@ def _mlp(b: _Builder, i: int, x: str) -> str:
 
 
 def _shared_constants(b: _Builder, s: DecoderShape) -> None:
-    group = s.num_heads // s.num_kv_heads
     b.const("rotate_half", _rotate_half_matrix(s.head_dim))
     b.const("eps", np.array(s.rms_norm_eps, np.float32))
     b.const("attn_scale", np.array(1.0 / np.sqrt(s.head_dim), np.float32))
     b.const("masked", np.array(MASKED, np.float32))
-    b.const("axes_2", np.array([2], np.int64))
-    b.const("q_grouped_shape", np.array([0, s.num_kv_heads, group, -1, s.head_dim], np.int64))
+    b.const("q_grouped_shape", np.array([0, s.num_kv_heads, -1, s.head_dim], np.int64))
     b.const("ctx_heads_shape", np.array([0, s.num_heads, -1, s.head_dim], np.int64))
     b.const("merge_shape", np.array([0, 0, s.num_heads * s.head_dim], np.int64))
 
