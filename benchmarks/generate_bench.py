@@ -1,6 +1,6 @@
 """Generate throughput and latency of tensord against the plain ONNX Runtime loop.
 
-    python benchmarks/generate_bench.py [--streams 1,4,16,32] [--rounds 5] [--quick]
+    python benchmarks/generate_bench.py [--streams 1,4,16,32] [--rounds 9] [--quick]
 
 For each stream count N, N concurrent clients each send greedy requests back to back
 (`--requests` each; by default at least 3, and enough for 1024 tokens a window), prompts
@@ -219,7 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument(
-        "--rounds", type=int, default=5, help="paired rounds per stream count; the median counts"
+        "--rounds", type=int, default=9, help="paired rounds per stream count; the median counts"
     )
     parser.add_argument("--quick", action="store_true", help="1 request per stream, 2 rounds")
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
@@ -332,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 flush=True,
             )
+            if n == 16:
+                print(
+                    "16 streams: concurrent / one at a time per round: "
+                    + ", ".join(f"{g:.2f}x" for g in gains),
+                    flush=True,
+                )
         procs.stop_all()
     sequential = _summarise(1, 16, sequential_windows) if sequential_windows else None
     gain = statistics.median(gains) if gains else None
@@ -355,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "points": [asdict(p) for p in points],
         "sequential_16": asdict(sequential) if sequential else None,
         "batching_gain_16": gain,
+        "batching_gains_16": gains,
     }
     out.write_text(json.dumps(result, indent=1))
     print(f"results: {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
