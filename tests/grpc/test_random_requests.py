@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -147,6 +148,18 @@ def _call(channel: grpc.Channel, method: str, data: bytes) -> tuple[Code, str]:
     return Code.OK, ""
 
 
+def _tally(answers: list[tuple[Code, str]], allowed: set[Code], sent: list[Any]) -> Counter[Code]:
+    """Answers per status; each must be an allowed one, and a refusal must say why (and not
+    be an internal error). `sent[i]` is shown when answer i fails that."""
+    seen: Counter[Code] = Counter()
+    for what, (code, details) in zip(sent, answers, strict=True):
+        seen[code] += 1
+        assert code in allowed, (code, details, what)
+        if code is not Code.OK:
+            assert details and "internal error" not in details, (code, details)
+    return seen
+
+
 def _still_held(stub: pb_grpc.InferenceServiceStub) -> list[str]:
     """What any model still holds: queued or running batches, host or device buffers."""
     held = []
@@ -175,12 +188,7 @@ def test_random_predict_requests_get_table_statuses_and_leave_nothing_behind(
         requests = [_random_predict(rng, models) for _ in range(400)]
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda data: _call(channel, method, data), requests))
-        seen: dict[Code, int] = {}
-        for data, (code, details) in zip(requests, answers, strict=True):
-            seen[code] = seen.get(code, 0) + 1
-            assert code in PREDICT_CODES, (code, details, data[:300])
-            if code is not Code.OK:
-                assert details and "internal error" not in details, (code, details)
+        seen = _tally(answers, PREDICT_CODES, [data[:300] for data in requests])
         # The mix reaches past the first checks: some requests are served, most refused.
         assert seen.get(Code.OK, 0) >= 50 and seen.get(Code.INVALID_ARGUMENT, 0) >= 100, seen
         good = pb.PredictRequest(model="mlp")
@@ -290,12 +298,7 @@ def test_random_generate_requests_get_table_statuses_and_free_every_block(
         stub = pb_grpc.InferenceServiceStub(channel)
         with ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(lambda r: _stream(stub, r), requests))
-        seen: dict[Code, int] = {}
-        for request, (code, details) in zip(requests, answers, strict=True):
-            seen[code] = seen.get(code, 0) + 1
-            assert code in GENERATE_CODES, (code, details, request)
-            if code is not Code.OK:
-                assert details and "internal error" not in details, (code, details)
+        seen = _tally(answers, GENERATE_CODES, requests)
         assert seen.get(Code.OK, 0) >= 10 and seen.get(Code.INVALID_ARGUMENT, 0) >= 30, seen
         with Client(gen_server.target, retries=0) as client:
             status = wait_generator_idle(client, "tinylm", timeout=10)
