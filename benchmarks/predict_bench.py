@@ -5,6 +5,7 @@
 For each concurrency (calls in flight) it measures batch-1 Predict on the demo `mlp`:
   echo     a bare grpc.aio server answering the same bytes: the transport limit
   tensord  the daemon, `tensord serve`, as deployed
+  floor    with --floor: a bare grpc.aio server running the model on a thread pool
 with the identical load generator (benchmarks/loadgen.py, separate processes), and
 ONNX Runtime in-process on the same model file and session options (the compute limit;
 measured before and after the sweep, the faster counts). The unbatched serving limit is
@@ -33,7 +34,7 @@ from payloads import MODEL, response_bytes
 from point import LoadSpec, measure
 from procs import ProcessGroup, exit_on_signals, pid_alive, python_script, read_line
 from report import BATCHED_TARGETS, TARGET_RATIO, TARGET_SPREAD, UNBATCHED_TARGETS, render
-from servers import Server, start_echo, start_tensord
+from servers import Server, start_echo, start_floor, start_tensord
 
 REPO = use_venv.REPO
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -80,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="serve a copy of the repository with [dynamic_batching] on for mlp; the limit "
         "then uses ONNX Runtime at batch 32 (the batched-serving limit)",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure benchmarks/floor_server.py (a bare grpc.aio server running the "
+        "model on instance_count threads) against the same limit (not with --batching)",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     args.duration = args.duration or (1.5 if args.quick else 5.0)
@@ -92,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--concurrency: every value must be >= 1")
     if args.repeat < 1:
         parser.error("--repeat: must be >= 1")
+    if args.floor and args.batching:
+        parser.error("--floor: the floor server does not batch; leave out --batching")
     return args
 
 
@@ -243,6 +252,8 @@ def add_ratios(points: list[dict[str, Any]], runs: list[dict[str, Any]], batchin
         p["compute_rps"], p["compute_limit"] = rate, label
         p["limit_rps"] = limit
         p["ratio"] = p["tensord"]["rps"] / limit if limit > 0 else 0.0
+        if "floor" in p:
+            p["floor_ratio"] = p["floor"]["rps"] / limit if limit > 0 else 0.0
         lat = p["tensord"]["latency_us"]
         p["p99_over_p50"] = lat["p99"] / lat["p50"] if lat and lat["p50"] else None
         if p["concurrency"] not in targets:
@@ -277,6 +288,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "repeat": args.repeat,
             "target_ratio": TARGET_RATIO,
             "batching": args.batching,
+            "floor": args.floor,
         },
         "model_config": model_settings(args.model_repository),
     }
@@ -288,6 +300,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  batch 1: {before['batch1']['runs_per_s']:,.0f} runs/s", flush=True)
         print("starting the echo server and tensord ...", flush=True)
         servers = [start_echo(procs), start_tensord(procs, args.model_repository, daemon_log)]
+        if args.floor:
+            servers.append(start_floor(procs, args.model_repository))
         for server in servers:
             wait_until_ready(procs, server)
         results["daemon"] = {"command": servers[1].proc.args, "pid": servers[1].pid}

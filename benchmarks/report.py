@@ -84,6 +84,33 @@ def sweep_lines(points: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
+def floor_lines(points: list[dict[str, Any]]) -> list[str]:
+    """With --floor: the bare grpc.aio server around the same session, against the limit."""
+    if not any("floor" in p for p in points):
+        return []
+    head = (
+        f"{'in':>6} | {'floor: bare grpc.aio + thread pool':^35} | "
+        f"{'ratio to limit':^16} | {'tensord':>8}"
+    )
+    sub = (
+        f"{'flight':>6} | {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99/p50':>8}  | "
+        f"{'floor':>7} {'tensord':>8} | {'/ floor':>8}"
+    )
+    rows = ["", head, sub, "-" * len(sub)]
+    for p in points:
+        if "floor" not in p:
+            continue
+        fl, lat = p["floor"], p["floor"]["latency_us"]
+        spread = lat["p99"] / lat["p50"] if lat else None
+        share = p["tensord"]["rps"] / fl["rps"] if fl["rps"] else None
+        rows.append(
+            f"{p['concurrency']:>6} | {fl['rps']:>7,.0f} {_ms(lat, 'p50'):>7} "
+            f"{_ms(lat, 'p99'):>7} {_num(spread, '.1f'):>8}  | "
+            f"{p['floor_ratio']:>7.2f} {p['ratio']:>8.2f} | {_num(share, '.2f'):>8}"
+        )
+    return rows
+
+
 def _verdict(met: bool | None) -> str:
     return "-" if met is None else ("yes" if met else "NO")
 
@@ -126,7 +153,9 @@ def warnings(results: dict[str, Any]) -> list[str]:
     """Errors and disturbed points, one line each."""
     out = []
     for p in results["points"]:
-        for name in ("echo", "tensord"):
+        for name in ("echo", "tensord", "floor"):
+            if name not in p:
+                continue
             m = p[name]
             if m["errors"]:
                 out.append(f"{name} @ {p['concurrency']}: errors {m['errors']}")
@@ -167,6 +196,7 @@ def render(results: dict[str, Any]) -> str:
         ),
         "",
         *sweep_lines(results["points"]),
+        *floor_lines(results["points"]),
         "",
         *cpu_lines(results["points"]),
     ]

@@ -1,9 +1,10 @@
-"""Starting the two servers under test as subprocesses, ready to take calls.
+"""Starting the servers under test as subprocesses, ready to take calls.
 
   echo     benchmarks/echo_server.py: grpcio alone (the transport limit)
+  floor    benchmarks/floor_server.py: a bare grpc.aio server running the model on a pool
   tensord  `tensord serve` on the model repository, exactly as an operator runs it
 
-Both listen on 127.0.0.1 only. A server counts as started once its port accepts
+All listen on 127.0.0.1 only. A server counts as started once its port accepts
 connections; the load generator then waits for the first successful Predict (the
 daemon answers UNAVAILABLE while it loads and warms its models).
 """
@@ -36,13 +37,23 @@ class Server:
         return self.proc.pid
 
 
-def start_echo(procs: ProcessGroup) -> Server:
-    """Start the echo server; it reports the port it bound."""
-    proc = procs.start(python_script("echo_server.py", "--listen", f"{HOST}:0"))
+def _start_script(procs: ProcessGroup, name: str, script: str, *args: str) -> Server:
+    """Start a benchmark server script; it reports the port it bound."""
+    proc = procs.start(python_script(script, "--listen", f"{HOST}:0", *args))
     line = read_line(proc, _START_TIMEOUT_S).split()
     if len(line) != 2 or line[0] != "LISTENING":
-        raise RuntimeError(f"echo server said {' '.join(line)!r}, expected 'LISTENING <port>'")
-    return Server("echo", proc, f"{HOST}:{int(line[1])}")
+        raise RuntimeError(f"{name} server said {' '.join(line)!r}, expected 'LISTENING <port>'")
+    return Server(name, proc, f"{HOST}:{int(line[1])}")
+
+
+def start_echo(procs: ProcessGroup) -> Server:
+    """Start the echo server."""
+    return _start_script(procs, "echo", "echo_server.py")
+
+
+def start_floor(procs: ProcessGroup, repository: Path) -> Server:
+    """Start the floor server (a bare grpc.aio server running the model on a pool)."""
+    return _start_script(procs, "floor", "floor_server.py", "--model-repository", str(repository))
 
 
 def tensord_command(repository: Path, listen: str, log_level: str) -> list[str]:
