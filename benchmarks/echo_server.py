@@ -42,8 +42,13 @@ def _handlers(reply: bytes) -> dict[str, grpc.RpcMethodHandler]:
 
 async def serve(listen: str) -> None:
     """Serve until SIGTERM or SIGINT; print the bound port first."""
+    await serve_handlers(listen, _handlers(response_bytes()))
+
+
+async def serve_handlers(listen: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    """Serve the Predict `handlers` with the daemon's server options until SIGTERM or
+    SIGINT; print `LISTENING <port>` once calls are accepted."""
     server = grpc.aio.server(options=_SERVER_OPTIONS)
-    handlers = _handlers(response_bytes())
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
     port = server.add_insecure_port(listen)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,9 +24,9 @@ from typing import Any
 
 import grpc
 import numpy as np
-from echo_server import _SERVER_OPTIONS
+from echo_server import serve_handlers
 from ort_limit import find_model
-from payloads import METHOD, OUTPUT_NAME, SERVICE
+from payloads import METHOD, OUTPUT_NAME
 
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
 from tensord.config import ServerSettings
@@ -64,21 +63,11 @@ async def serve(listen: str, repository: Path) -> None:
     path, config, version = find_model(repository)
     backend = OnnxRuntimeBackend(path, config)
     pool = ThreadPoolExecutor(config.instance_count, thread_name_prefix="floor")
-    server = grpc.aio.server(options=_SERVER_OPTIONS)
-    handlers = _handlers(backend, pool, version)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
-    port = server.add_insecure_port(listen)
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"LISTENING {port}", flush=True)
-    await stop.wait()
-    await server.stop(0.5)
-    pool.shutdown()
-    backend.close()
+    try:
+        await serve_handlers(listen, _handlers(backend, pool, version))
+    finally:
+        pool.shutdown()
+        backend.close()
 
 
 def main() -> int:
