@@ -36,7 +36,9 @@ from tensord.v1 import inference_pb2 as pb
 _FLOAT32 = np.dtype("<f4")
 
 
-def _handlers(backend: OnnxRuntimeBackend, pool: ThreadPoolExecutor, version: int) -> Any:
+def _handlers(
+    backend: OnnxRuntimeBackend, pool: ThreadPoolExecutor, version: int
+) -> dict[str, grpc.RpcMethodHandler]:
     outputs = [OUTPUT_NAME]
 
     async def predict(request: pb.PredictRequest, context: Any) -> pb.PredictResponse:

@@ -33,7 +33,14 @@ from machine import machine_info
 from payloads import MODEL, response_bytes
 from point import LoadSpec, measure
 from procs import ProcessGroup, exit_on_signals, pid_alive, python_script, read_line
-from report import BATCHED_TARGETS, TARGET_RATIO, TARGET_SPREAD, UNBATCHED_TARGETS, render
+from report import (
+    BATCHED_TARGETS,
+    TARGET_RATIO,
+    TARGET_SPREAD,
+    UNBATCHED_TARGETS,
+    render,
+    spread,
+)
 from servers import Server, start_echo, start_floor, start_tensord
 
 REPO = use_venv.REPO
@@ -254,8 +261,7 @@ def add_ratios(points: list[dict[str, Any]], runs: list[dict[str, Any]], batchin
         p["ratio"] = p["tensord"]["rps"] / limit if limit > 0 else 0.0
         if "floor" in p:
             p["floor_ratio"] = p["floor"]["rps"] / limit if limit > 0 else 0.0
-        lat = p["tensord"]["latency_us"]
-        p["p99_over_p50"] = lat["p99"] / lat["p50"] if lat and lat["p50"] else None
+        p["p99_over_p50"] = spread(p["tensord"]["latency_us"])
         if p["concurrency"] not in targets:
             p["meets_target"] = None
             continue

@@ -21,6 +21,11 @@ def _ms(latency: dict[str, float] | None, key: str) -> str:
     return f"{latency[key] / 1e3:.2f}" if latency else "-"
 
 
+def spread(latency: dict[str, float] | None) -> float | None:
+    """p99 / p50 of a latency summary (None without one)."""
+    return latency["p99"] / latency["p50"] if latency and latency["p50"] else None
+
+
 def _num(value: float | None, fmt: str = ",.0f") -> str:
     return format(value, fmt) if value is not None else "-"
 
@@ -72,13 +77,12 @@ def sweep_lines(points: list[dict[str, Any]]) -> list[str]:
     for p in points:
         echo, td = p["echo"], p["tensord"]
         lat = td["latency_us"]
-        spread = lat["p99"] / lat["p50"] if lat else None
         client = echo["client"] + (f"x{echo['client_procs']}" if echo["client_procs"] > 1 else "")
         rows.append(
             f"{p['concurrency']:>6} | {client:<6} {echo['rps']:>7,.0f} "
             f"{_ms(echo['latency_us'], 'p50'):>7} {_ms(echo['latency_us'], 'p99'):>7} | "
             f"{td['rps']:>7,.0f} {_ms(lat, 'p50'):>7} {_ms(lat, 'p99'):>7} "
-            f"{_num(spread, '.1f'):>8} | {p['limit_rps']:>7,.0f} | "
+            f"{_num(spread(lat), '.1f'):>8} | {p['limit_rps']:>7,.0f} | "
             f"{p['ratio']:>5.2f} {_verdict(p.get('meets_target')):>6}"
         )
     return rows
@@ -101,11 +105,10 @@ def floor_lines(points: list[dict[str, Any]]) -> list[str]:
         if "floor" not in p:
             continue
         fl, lat = p["floor"], p["floor"]["latency_us"]
-        spread = lat["p99"] / lat["p50"] if lat else None
         share = p["tensord"]["rps"] / fl["rps"] if fl["rps"] else None
         rows.append(
             f"{p['concurrency']:>6} | {fl['rps']:>7,.0f} {_ms(lat, 'p50'):>7} "
-            f"{_ms(lat, 'p99'):>7} {_num(spread, '.1f'):>8}  | "
+            f"{_ms(lat, 'p99'):>7} {_num(spread(lat), '.1f'):>8}  | "
             f"{p['floor_ratio']:>7.2f} {p['ratio']:>8.2f} | {_num(share, '.2f'):>8}"
         )
     return rows

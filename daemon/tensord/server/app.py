@@ -32,7 +32,13 @@ from tensord.registry.registry import (
 )
 from tensord.server.health import HealthServicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
-from tensord.server.reload import ConfigLoader, Reloader, ReloadHook, ReloadResult
+from tensord.server.reload import (
+    ConfigLoader,
+    Reloader,
+    ReloadHook,
+    ReloadResult,
+    apply_live_settings,
+)
 from tensord.server.security import Security, transport_options
 from tensord.server.servicer import InferenceServicer, add_servicer
 from tensord.server.watchdog import Watchdog
@@ -310,7 +316,7 @@ class TensordServer:
         """Run this process as the daemon runs: the GIL switch interval from the config
         (a reload applies a new one), the collector tuned, and the long-lived heap frozen
         after loading and after each reload."""
-        sys.setswitchinterval(self.config.server.switch_interval_us / 1e6)
+        apply_live_settings(self.config)
         heap.tune()
         self.settles_heap = True
 

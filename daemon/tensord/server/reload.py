@@ -60,7 +60,7 @@ RESTART_ONLY_KEYS = (
 )
 
 # Dotted keys a reload applies: read where they are used from the config in force
-# (model_repository, the drain settings), set by _apply_live_settings, or handed to a reload
+# (model_repository, the drain settings), set by apply_live_settings, or handed to a reload
 # hook (the server's limits; Security re-reads the TLS files and the token file with the
 # [auth] settings). Every key is in exactly one of these two lists (a test checks it).
 LIVE_KEYS = (
@@ -187,7 +187,7 @@ class Reloader:
                 log.warning(
                     "reload.ignored_until_restart", key=key, running=str(old), file=str(new)
                 )
-            _apply_live_settings(config)
+            apply_live_settings(config)
         for hook in self._hooks:
             await self._run_hook(hook, config, result)
         try:
@@ -215,6 +215,6 @@ class Reloader:
             log.error("reload.hook_failed", hook=name, error=str(exc), exc_info=exc)
 
 
-def _apply_live_settings(config: TensordConfig) -> None:
+def apply_live_settings(config: TensordConfig) -> None:
     """Settings that take effect without a restart (others are read where they are used)."""
     sys.setswitchinterval(config.server.switch_interval_us / 1e6)
