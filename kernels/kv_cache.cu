@@ -3,9 +3,10 @@
 // The pool for one layer's keys (or values) is pool[num_blocks, H, block_size, D]; block
 // j of a sequence's block table holds its positions [j * block_size, (j + 1) * block_size).
 //
-// Gather (block tables -> contiguous past, zero-padded on the right):
-//     out[b, h, t, :] = pool[tables[b, t / bs], h, t % bs, :]   for t < seq_lens[b]
-//     out[b, h, t, :] = 0                                        for seq_lens[b] <= t < P
+// Gather (block tables -> contiguous past, right-aligned: zero-padded on the left, so every
+// sequence's last cached position is column P - 1 and the step's new tokens follow it):
+//     out[b, h, P - seq_lens[b] + t, :] = pool[tables[b, t / bs], h, t % bs, :]  for t < seq_lens[b]
+//     out[b, h, c, :] = 0                                              for c < P - seq_lens[b]
 // Scatter (new keys/values -> pool blocks):
 //     for t < num_new[b]: p = start_pos[b] + t
 //         pool[tables[b, p / bs], h, p % bs, :] = new[b, h, t, :]
@@ -35,14 +36,15 @@ __device__ void kv_gather(const V* pool, const int* tables, const int* seq_lens,
     for (long long bh = blockIdx.y; bh < (long long)B * H; bh += gridDim.y) {
         int b = (int)(bh / H);
         int h = (int)(bh % H);
-        int len = seq_lens[b];
+        int pad = P - seq_lens[b];
         V* dst = out + bh * (long long)row_vectors;
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < row_vectors;
              i += gridDim.x * blockDim.x) {
-            int t = i / vpr;
-            int v = i - t * vpr;
+            int c = i / vpr;
+            int v = i - c * vpr;
+            int t = c - pad;
             V value = zero_value<V>();
-            if (t < len) {
+            if (t >= 0) {
                 int slot = t / block_size;
                 int blk = slot < max_blocks ? tables[(long long)b * max_blocks + slot] : -1;
                 if (blk >= 0 && blk < num_blocks) {

@@ -14,6 +14,7 @@ import pytest
 from tensord.config import TensordConfig, load_config
 from tensord.demo import build_demo_repository
 from tensord.server.app import TensordServer
+from tests.hf_families import ExportCache
 from tests.models import build_test_repository
 
 if TYPE_CHECKING:
@@ -27,6 +28,17 @@ def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("demo-models")
     build_demo_repository(root)
     return root
+
+
+@pytest.fixture(scope="session")
+def hf_exports(tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
+    """Tiny Hugging Face models of many families exported with Optimum, each once per
+    session on first use (the export extra: torch, transformers, optimum-onnx)."""
+    from tests.tools import require_module
+
+    for module in ("torch", "transformers", "optimum.exporters.onnx"):
+        require_module(module, "make setup (the export extra)")
+    return ExportCache(tmp_path_factory.mktemp("hf-exports"))
 
 
 @pytest.fixture(scope="session")

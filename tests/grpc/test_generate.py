@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import threading
 import time
@@ -434,7 +435,10 @@ def test_drain_ends_requests_not_started_at_once(gen_repo: Path, tmp_path: Path)
         stopper.start()
         reader.join(10)
         took = time.monotonic() - start
-        with pytest.raises(grpc.RpcError):
+        # The running stream finishes within the grace or is cut at its end, depending on
+        # the host's speed (2,000 tokens take 3-5 s); test_drain_ends_long_streams_with_
+        # unavailable covers the cut.
+        with contextlib.suppress(grpc.RpcError):
             for _ in running:
                 pass
     stopper.join(15)

@@ -127,6 +127,87 @@ def test_gpt2_style_keys_and_no_tokenizer_config(tinylm: Path, tmp_path: Path) -
     assert spec.defaults == GenerationDefaults(do_sample=True, temperature=0.7, top_k=40)
 
 
+def test_config_spellings_as_transformers_reads_them(tinylm: Path, tmp_path: Path) -> None:
+    """MPT's n_heads, n_layers, d_model and max_seq_len; no context length at all (BLOOM)."""
+    d = _copy(tinylm, tmp_path / "mpt")
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mpt",
+                "n_layers": 4,
+                "n_heads": 4,
+                "d_model": 256,
+                "max_seq_len": 512,
+                "vocab_size": 2048,
+                "attn_config": {"alibi": True, "kv_n_heads": 2},
+            }
+        )
+    )
+    spec = read_generator_spec(d)
+    assert (spec.num_layers, spec.num_attention_heads, spec.hidden_size) == (4, 4, 256)
+    assert (spec.head_dim, spec.context_length, spec.notes) == (64, 512, ())
+    _edit_json(d / "config.json", lambda c: c.pop("max_seq_len"))
+    spec = read_generator_spec(d)
+    assert spec.context_length is None
+    assert spec.notes == (
+        "config.json gives no context length (max_position_embeddings, n_positions, "
+        "max_seq_len, seq_length, ...): max_model_len is [generator] max_model_len in "
+        "model.toml, else the default",
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "note"),
+    [
+        (
+            {"num_key_value_heads": 4},
+            "config.json gives KV heads 4, but the past_key_values inputs of model.onnx have "
+            "KV heads 2; using 2",
+        ),
+        # Falcon's multi_query means one KV head, whatever num_kv_heads says.
+        (
+            {"num_key_value_heads": None, "num_kv_heads": 4, "multi_query": True},
+            "config.json gives KV heads 1, but the past_key_values inputs of model.onnx have "
+            "KV heads 2; using 2",
+        ),
+        (
+            {"head_dim": 32},
+            "config.json gives head size 32, but the past_key_values inputs of model.onnx "
+            "have head size 64; using 64",
+        ),
+    ],
+)
+def test_the_graph_wins_over_config_and_says_so(
+    tinylm: Path, tmp_path: Path, change: dict[str, Any], note: str
+) -> None:
+    d = _copy(tinylm, tmp_path / "g")
+    _edit_json(d / "config.json", lambda c: c.update(change))
+    spec = read_generator_spec(d)
+    assert (spec.num_kv_heads, spec.head_dim, spec.notes) == (2, 64, (note,))
+
+
+def test_keys_and_values_of_different_sizes_are_refused(tinylm: Path, tmp_path: Path) -> None:
+    """Multi-head latent attention (DeepSeek-V3): keys 24 wide, values 16."""
+    d = _copy(tinylm, tmp_path / "mla")
+    _edit_json(
+        d / "config.json",
+        lambda c: c.update(qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+    )
+    model = onnx.load(str(d / "model.onnx"))
+    for value in model.graph.input:
+        if value.name.startswith("past_key_values") and value.name.endswith(".key"):
+            value.type.tensor_type.shape.dim[3].dim_param = "key_dim"
+    (d / "model.onnx").unlink()
+    onnx.save(model, str(d / "model.onnx"))
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model.onnx: its keys have head size 24 and its values 16 \(multi-head latent "
+        r"attention, as DeepSeek-V3 exports it\); tensord's paged KV cache holds keys and "
+        r"values of one head size, so Generate cannot serve it",
+    ):
+        read_generator_spec(d)
+
+
 def test_bos_from_tokenizer_config_text(tinylm: Path, tmp_path: Path) -> None:
     d = _copy(tinylm, tmp_path / "g")
     _edit_json(
@@ -172,23 +253,12 @@ BROKEN: list[tuple[str, Callable[[Path], None], str]] = [
     (
         "no heads",
         lambda d: _edit_json(d / "config.json", lambda c: c.pop("num_attention_heads")),
-        r"config.json: num_attention_heads \(or n_head, num_heads\) is missing",
-    ),
-    (
-        "kv heads disagree",
-        lambda d: _edit_json(d / "config.json", lambda c: c.update(num_key_value_heads=4)),
-        r"config.json: num_key_value_heads is 4, but the past_key_values inputs of .*model.onnx "
-        r"have KV heads 2",
+        r"config.json: num_attention_heads \(or n_head, n_heads, num_heads\) is missing",
     ),
     (
         "layers disagree",
         lambda d: _edit_json(d / "config.json", lambda c: c.update(num_hidden_layers=3)),
         r"config.json: num_hidden_layers is 3, but .*model.onnx has past_key_values for 4 layers",
-    ),
-    (
-        "no context",
-        lambda d: _edit_json(d / "config.json", lambda c: c.pop("max_position_embeddings")),
-        r"config.json: max_position_embeddings \(or n_positions, n_ctx, .*\) is missing",
     ),
     (
         "bad heads type",

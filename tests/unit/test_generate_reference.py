@@ -52,7 +52,7 @@ def test_check_reports_the_first_difference(references: list[ReferenceRun]) -> N
     reference = references[0]
     wrong = list(reference.tokens)
     wrong[5] = (wrong[5] + 1) % 2048
-    with pytest.raises(AssertionError, match=r"step 5: got token \d+, the no-cache reference"):
+    with pytest.raises(AssertionError, match=r"step 5: got token \d+, the reference picks"):
         reference.check(wrong)
     assert reference.check(wrong[:5]) == 5  # a shorter output is compared as far as it goes
 
@@ -69,6 +69,9 @@ def test_near_tie_stops_the_comparison() -> None:
     assert run.check([5, 6, 9, 9]) == 2
     with pytest.raises(AssertionError, match="step 1"):
         run.check([5, 7])
+    # An absolute gap instead, as transformers' references use: 0.5 is below 0.6.
+    absolute = ReferenceRun((1,), (5, 6, 7, 8), (1.0, 0.5, 2e-5, 3.0), (1.0,) * 4, 0.6)
+    assert absolute.comparable == 1
 
 
 def test_measure_limit_reports_throughput(tinylm: Path) -> None:

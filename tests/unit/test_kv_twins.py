@@ -22,7 +22,8 @@ def test_gather_by_hand() -> None:
     out = np.full((2, 1, 4, 1), np.nan, np.float32)
     result = kv_gather(small_pool(), tables, np.array([3, 1], np.int32), out)
     assert result is out
-    assert out[:, 0, :, 0].tolist() == [[120, 121, 100, 0], [130, 0, 0, 0]]
+    # Right-aligned: each sequence ends in the last column, zeros before it.
+    assert out[:, 0, :, 0].tolist() == [[0, 120, 121, 100], [0, 0, 0, 130]]
 
 
 def test_scatter_by_hand() -> None:
@@ -46,9 +47,11 @@ def test_round_trip_against_brute_force() -> None:
     out = np.full((batch, h, 19, d), np.nan, np.float32)
     kv_gather(pool, tables, lens, out)
     for b in range(batch):
-        for t in range(19):
-            want = pool[tables[b, t // bs], :, t % bs, :] if t < lens[b] else 0
-            np.testing.assert_array_equal(out[b, :, t, :], want)
+        pad = 19 - int(lens[b])
+        for c in range(19):
+            t = c - pad
+            want = pool[tables[b, t // bs], :, t % bs, :] if t >= 0 else 0
+            np.testing.assert_array_equal(out[b, :, c, :], want)
     new = rng.normal(size=(batch, h, 2, d)).astype(np.float32)
     before = pool.copy()
     kv_scatter(new, tables, lens, np.array([2, 1, 2], np.int32), pool)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import threading
 import time
@@ -27,10 +28,11 @@ import numpy as np
 import structlog
 
 from tensord.errors import InternalError, TensordError, UnavailableError
+from tensord.generate.batch_layout import LayoutChoice, choose_layout
 from tensord.generate.kv_cache_manager import KVCacheManager, KVCacheStats
 from tensord.generate.kv_storage import KVShape, KVStorage
 from tensord.generate.model_dir import GeneratorDirectory, GeneratorSpec
-from tensord.generate.model_runner import ModelRunner, StepItem, StepLogits
+from tensord.generate.model_runner import ModelRunner, PassStats, StepItem, StepLogits
 from tensord.generate.output_processor import OutputProcessor, RequestOutputCollector
 from tensord.generate.outputs import EngineCoreOutput, RequestOutput, TokenLogprob
 from tensord.generate.request import Request, RequestStatus
@@ -56,6 +58,8 @@ class EngineStats:
     prefix_hit_tokens: int
     preemptions: int
     kv_cache: KVCacheStats
+    passes: PassStats
+    """Model passes and the sequences they carried (several per pass: shared steps)."""
 
 
 def sampling_defaults(spec: GeneratorSpec) -> GenerationDefaults:
@@ -89,7 +93,12 @@ class GenerationEngine:
     """Continuous batching for one model; `generate()` streams one request's chunks."""
 
     def __init__(
-        self, name: str, directory: GeneratorDirectory, limits: GeneratorLimits, run: RunFn
+        self,
+        name: str,
+        directory: GeneratorDirectory,
+        limits: GeneratorLimits,
+        run: RunFn,
+        layout: LayoutChoice | None = None,
     ) -> None:
         spec = directory.spec
         self.name = name
@@ -108,8 +117,15 @@ class GenerationEngine:
             self.kv_cache_manager,
         )
         pad = spec.pad_token_id if spec.pad_token_id is not None else 0
+        self.layout = layout or choose_layout(spec.model_type, spec.has_position_ids)
+        """The batch layout and why (set again by the loader once checked on the model)."""
         self.runner = ModelRunner(
-            run, self.storage, spec.num_layers, spec.has_position_ids, pad_token_id=pad
+            run,
+            self.storage,
+            spec.num_layers,
+            spec.has_position_ids,
+            pad_token_id=pad,
+            layout=self.layout.layout,
         )
         self.sampler = Sampler()
         self.defaults = sampling_defaults(spec)
@@ -201,6 +217,7 @@ class GenerationEngine:
                 prefix_hit_tokens=s.kv_cache.prefix_hits,
                 preemptions=s.num_preemptions,
                 kv_cache=s.kv_cache,
+                passes=dataclasses.replace(self.runner.stats),
             )
 
     def fail_waiting(self, error: TensordError) -> None:

@@ -63,7 +63,10 @@ class DecoderGraph:
     kv_heads: int | None
     """From the past inputs' dimension 1 when the export fixed it."""
     head_dim: int | None
-    """From the past inputs' dimension 3 when the export fixed it."""
+    """From the past keys' dimension 3 when the export fixed it."""
+    value_head_dim: int | None
+    """From the past values' dimension 3 when the export fixed it (keys and values of
+    different sizes, as in multi-head latent attention, cannot share the KV pool)."""
     vocab_size: int | None
     """From the logits' last dimension when the export fixed it."""
     external_data: tuple[Path, ...]
@@ -178,12 +181,13 @@ def read_decoder_graph(path: Path) -> DecoderGraph:
             f"{path}: past_key_values must share one float type (float32, float16, bfloat16); "
             f"found {names}"
         )
-    first = past[0].dims
-    if len(first) != 4:
-        raise ModelLoadError(
-            f"{path}: past_key_values.0.key has rank {len(first)}; the layout is "
-            "[batch, kv_heads, past_length, head_dim]"
-        )
+    for info in past:
+        if len(info.dims) != 4:
+            raise ModelLoadError(
+                f"{path}: {info.name} has rank {len(info.dims)}; the layout is "
+                "[batch, kv_heads, past_length, head_dim]"
+            )
+    first, first_value = past[0].dims, past[1].dims
     logits = outputs[LOGITS].dims
     return DecoderGraph(
         inputs=tuple(inputs.values()),
@@ -192,6 +196,7 @@ def read_decoder_graph(path: Path) -> DecoderGraph:
         kv_dtype=KV_DTYPES[next(iter(elem_types))],
         kv_heads=_fixed(first[1]),
         head_dim=_fixed(first[3]),
+        value_head_dim=_fixed(first_value[3]),
         vocab_size=_fixed(logits[-1]) if logits else None,
         external_data=_external_data(path, model),
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -44,11 +45,23 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 GENERATOR_FILES = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE)
 """The files that make a directory a generator (beside the model file)."""
 
-_LAYERS = ("num_hidden_layers", "n_layer", "num_layers")
-_HEADS = ("num_attention_heads", "n_head", "num_heads")
-_KV_HEADS = ("num_key_value_heads", "n_head_kv", "num_kv_heads")
+# config.json spellings of one value, in the order transformers' config classes map them
+# (their `attribute_map`s): GPT-2 and BLOOM write n_head and n_layer, MPT n_heads, n_layers,
+# d_model and max_seq_len, Falcon num_kv_heads, ChatGLM multi_query_group_num.
+_LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+_HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
+_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
 _HIDDEN = ("hidden_size", "n_embd", "d_model")
-_CONTEXT = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+_HEAD_DIM = ("head_dim", "kv_channels")
+_CONTEXT = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "n_ctx",
+)
 
 
 def is_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> bool:
@@ -78,8 +91,10 @@ class GeneratorSpec:
     hidden_size: int
     vocab_size: int
     """Length of the logits' last dimension: the ids the sampler picks from."""
-    context_length: int
-    """Longest sequence (prompt + generated) the model's positions allow."""
+    context_length: int | None
+    """Longest sequence (prompt + generated) the model's positions allow; None when
+    config.json gives none (ALiBi models: [generator] max_model_len, else
+    DEFAULT_CONTEXT_LENGTH)."""
     kv_dtype: DType
     """Element type of past_key_values and present (the KV pool's dtype)."""
     input_names: tuple[str, ...]
@@ -93,6 +108,9 @@ class GeneratorSpec:
     pad_token_id: int | None
     defaults: GenerationDefaults
     """Sampling defaults from generation_config.json."""
+    notes: tuple[str, ...] = ()
+    """What the load settled that the log should say (config.json and the graph disagreed
+    and the graph won; a default stood in for a missing value)."""
 
     @property
     def has_position_ids(self) -> bool:
@@ -138,14 +156,53 @@ def _load_tokenizer(path: Path) -> Tokenizer:
         raise ModelLoadError(f"{path}: the tokenizers library cannot read it: {exc}") from None
 
 
-def _agree(config: JsonFile, field: str, value: int, in_graph: int | None, where: str) -> int:
-    """config.json's value, which must equal the graph's where the export fixed it."""
-    if in_graph is not None and in_graph != value:
-        raise ModelLoadError(f"{config.path}: {field} is {value}, but {where} {in_graph}")
-    return value
+def _config_kv_heads(config: JsonFile, heads: int) -> int:
+    """KV heads as transformers reads them: Falcon and GPT-BigCode with multi_query (and
+    not Falcon's new_decoder_architecture) share one; MPT nests kv_n_heads in attn_config."""
+    if config.bool_or_none("multi_query") and not config.bool_or_none("new_decoder_architecture"):
+        return 1
+    attn = config.data.get("attn_config")
+    if isinstance(attn, dict) and attn.get("kv_n_heads") is not None:
+        nested = JsonFile(config.path, attn).int_or_none(("kv_n_heads",))
+        if nested is not None:
+            return nested
+    return config.int_or_none(_KV_HEADS) or heads
 
 
-def _shape(config: JsonFile, graph: DecoderGraph, model_path: Path) -> dict[str, int]:
+def _graph_wins(
+    config: JsonFile, field: str, value: int, in_graph: int | None, where: str, notes: list[str]
+) -> int:
+    """The graph's value where the export fixed it; a disagreement with config.json is
+    noted (the graph is what runs)."""
+    if in_graph is None or in_graph == value:
+        return value
+    notes.append(
+        f"{config.path.name if config.path else 'config.json'} gives {field} "
+        f"{value}, but {where} {in_graph}; using {in_graph}"
+    )
+    return in_graph
+
+
+def _check_mla(config: JsonFile, graph: DecoderGraph, model_path: Path) -> None:
+    """Keys and values of different head sizes (multi-head latent attention, as DeepSeek-V3
+    writes it) cannot share the paged KV pool, which holds one head size."""
+    keys, values = graph.head_dim, graph.value_head_dim
+    if keys is None or values is None:
+        rope = config.int_or_none(("qk_rope_head_dim",), minimum=0)
+        nope = config.int_or_none(("qk_nope_head_dim",), minimum=0)
+        values = config.int_or_none(("v_head_dim",))
+        keys = None if rope is None or nope is None else rope + nope
+    if keys is not None and values is not None and keys != values:
+        raise ModelLoadError(
+            f"{model_path}: its keys have head size {keys} and its values {values} "
+            "(multi-head latent attention, as DeepSeek-V3 exports it); tensord's paged KV "
+            "cache holds keys and values of one head size, so Generate cannot serve it"
+        )
+
+
+def _shape(
+    config: JsonFile, graph: DecoderGraph, model_path: Path, notes: list[str]
+) -> dict[str, Any]:
     """Layers, heads, head size, vocabulary and context, from config.json and the graph."""
     heads = config.require_int(_HEADS)
     hidden = config.int_or_none(_HIDDEN)
@@ -155,42 +212,47 @@ def _shape(config: JsonFile, graph: DecoderGraph, model_path: Path) -> dict[str,
             f"{config.path}: {_LAYERS[0]} is {layers}, but {model_path} has past_key_values "
             f"for {graph.num_layers} layers"
         )
-    kv_heads = config.int_or_none(_KV_HEADS) or graph.kv_heads or heads
-    head_dim = config.int_or_none(("head_dim",))
+    _check_mla(config, graph, model_path)
+    kv_heads = _config_kv_heads(config, heads)
+    head_dim = config.int_or_none(_HEAD_DIM)
     if head_dim is None:
         head_dim = hidden // heads if hidden is not None else graph.head_dim
     if head_dim is None:
-        head_dim = config.require_int(("head_dim", *_HIDDEN))  # raises, naming the fields
-    vocab = config.int_or_none(("vocab_size",)) or graph.vocab_size
+        head_dim = config.require_int((*_HEAD_DIM, *_HIDDEN))  # raises, naming the fields
+    vocab = config.int_or_none(("vocab_size", "padded_vocab_size")) or graph.vocab_size
     if vocab is None:
         vocab = config.require_int(("vocab_size",))  # raises, naming the field
+    where = f"the past_key_values inputs of {model_path.name} have"
+    kv_heads = _graph_wins(config, "KV heads", kv_heads, graph.kv_heads, f"{where} KV heads", notes)
     if heads % kv_heads:
         raise ModelLoadError(
             f"{config.path}: num_attention_heads {heads} is not a multiple of the KV heads "
             f"{kv_heads}"
         )
+    context = config.int_or_none(_CONTEXT)
+    if context is None:
+        name = config.path.name if config.path else "config.json"
+        notes.append(
+            f"{name} gives no context length ({', '.join(_CONTEXT[:4])}, ...): "
+            "max_model_len is [generator] max_model_len in model.toml, else the default"
+        )
     return {
         "num_layers": graph.num_layers,
         "num_attention_heads": heads,
-        "num_kv_heads": _agree(
-            config,
-            "num_key_value_heads",
-            kv_heads,
-            graph.kv_heads,
-            f"the past_key_values inputs of {model_path} have KV heads",
-        ),
-        "head_dim": _agree(
-            config,
-            "head_dim",
-            head_dim,
-            graph.head_dim,
-            f"the past_key_values inputs of {model_path} have head size",
+        "num_kv_heads": kv_heads,
+        "head_dim": _graph_wins(
+            config, "head size", head_dim, graph.head_dim, f"{where} head size", notes
         ),
         "hidden_size": hidden if hidden is not None else heads * head_dim,
-        "vocab_size": _agree(
-            config, "vocab_size", vocab, graph.vocab_size, f"the logits of {model_path} have size"
+        "vocab_size": _graph_wins(
+            config,
+            "vocab_size",
+            vocab,
+            graph.vocab_size,
+            f"the logits of {model_path.name} have size",
+            notes,
         ),
-        "context_length": config.require_int(_CONTEXT),
+        "context_length": context,
     }
 
 
@@ -217,7 +279,8 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
     generation = JsonFile.read(generation_path)
     tokenizer_config = JsonFile.read(tokenizer_config_path)
     tokenizer = _load_tokenizer(directory / TOKENIZER_FILE)
-    shape = _shape(config, graph, model_path)
+    notes: list[str] = []
+    shape = _shape(config, graph, model_path, notes)
     ids = token_ids(config, generation, tokenizer_config, tokenizer, shape["vocab_size"])
     spec = GeneratorSpec(
         directory=directory,
@@ -236,6 +299,7 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
         add_bos_token=ids.add_bos,
         pad_token_id=ids.pad,
         defaults=read_generation_defaults(generation),
+        notes=tuple(notes),
         **shape,
     )
     return GeneratorDirectory(spec, tokenizer)

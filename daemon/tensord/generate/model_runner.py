@@ -1,12 +1,18 @@
 """One engine step on the model: gather the past from the KV pool, run, scatter, logits.
 
-Prefill chunks (several tokens per sequence, ragged) run as one batch over a past gathered
-from the pool. Decode steps keep a persistent batched view: while the same sequences decode
-in the same order, the model's `present` outputs are the next step's past as they are
-(ONNX Runtime has already copied past + new into them), and only the new token's keys and
-values are written to the pool. Any change of membership rebuilds the view from the pool.
-Padding slots (right-padded past, holes left by sequences of different lengths) carry
-attention_mask 0, and position_ids are each sequence's real positions.
+A step's items are cut into model passes by the model's batch layout (batch_layout.py):
+all of them in one pass (padded), one pass per past length (equal_length), or one pass
+each (single). Pasts are right-aligned: a shorter sequence's padding comes first, carries
+attention_mask 0, and the step's new tokens follow each sequence's own last position, so
+key offsets within a sequence are what they are alone; position_ids are each sequence's
+real positions.
+
+Prefill chunks (several tokens per sequence, ragged, right-padded) run over a past
+gathered from the pool. Decode passes keep a persistent view each: while the same
+sequences decode in the same order, the model's `present` outputs are the next step's past
+as they are (ONNX Runtime has already appended the new token, still right-aligned), and
+only the new token's keys and values are written to the pool. Any change of membership
+rebuilds that view from the pool.
 """
 
 from __future__ import annotations
@@ -16,12 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tensord.generate.batch_layout import BatchLayout
 from tensord.generate.kv_storage import KVStorage
-
-# Rebuild the decode view when padding holes make it this much longer than needed: every
-# decode step's attention and ONNX Runtime's past + new copy grow with the width, a rebuild
-# costs one gather (measured at 16 staggered streams: slack 8 ~15% more tokens/s than 64).
-_HOLES_SLACK = 8
 
 
 @dataclass(slots=True)
@@ -77,14 +79,30 @@ class _DecodeView:
 
     request_ids: list[str]
     lengths: list[int]
-    """Real tokens per sequence (the next position)."""
+    """Real tokens per sequence (the next position); the longest fills the width."""
     mask: np.ndarray
-    """[B, width] int64: 1 where the view holds a real token."""
+    """[B, width] int64: 1 where the view holds a real token (the last lengths[b] columns)."""
     past: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
     @property
     def width(self) -> int:
         return int(self.mask.shape[1])
+
+
+@dataclass(slots=True)
+class PassStats:
+    """Model passes run so far and the sequences they carried (shown by Info)."""
+
+    passes: int = 0
+    sequences: int = 0
+    """Sequences summed over passes: sequences / passes is the mean batch."""
+    max_sequences: int = 0
+    """The most sequences one pass carried."""
+
+    def count(self, batch: int) -> None:
+        self.passes += 1
+        self.sequences += batch
+        self.max_sequences = max(self.max_sequences, batch)
 
 
 class ModelRunner:
@@ -98,16 +116,19 @@ class ModelRunner:
         num_layers: int,
         has_position_ids: bool,
         pad_token_id: int = 0,
+        layout: BatchLayout = BatchLayout.PADDED,
     ) -> None:
         self._run_model = run
-        self._storage = storage
+        self.storage = storage
         self._layers = num_layers
         self._has_positions = has_position_ids
         self._pad = pad_token_id
+        self.layout = layout
+        self.stats = PassStats()
         self._present_names = [
             name for i in range(num_layers) for name in (f"present.{i}.key", f"present.{i}.value")
         ]
-        self._view: _DecodeView | None = None
+        self._views: dict[tuple[str, ...], _DecodeView] = {}
         self._before_run: Callable[[], None] | None = None
 
     def execute(
@@ -123,13 +144,10 @@ class ModelRunner:
         prefills: list[StepItem] = []
         for item in items:
             (decodes if _is_decode(item) else prefills).append(item)
-        parts = []
-        if prefills:
-            parts.append(self._prefill(prefills))
-        if decodes:
-            parts.append(self._decode(decodes))
-        else:
-            self._view = None
+        parts = [self._prefill(group) for group in self._passes(prefills)]
+        views: dict[tuple[str, ...], _DecodeView] = {}
+        parts.extend(self._decode(group, views) for group in self._passes(decodes))
+        self._views = views
         if len(parts) == 1:
             return parts[0]
         ids = [i for part in parts for i in part.request_ids]
@@ -137,8 +155,21 @@ class ModelRunner:
         return StepLogits(ids, np.concatenate(rows) if rows else np.zeros((0, 0), np.float32))
 
     def reset(self) -> None:
-        """Forget the decode view (after preemption, aborts or errors)."""
-        self._view = None
+        """Forget the decode views (after preemption, aborts or errors)."""
+        self._views = {}
+
+    def _passes(self, items: list[StepItem]) -> list[list[StepItem]]:
+        """The items cut into model passes as the layout allows."""
+        if not items:
+            return []
+        if self.layout is BatchLayout.PADDED:
+            return [items]
+        if self.layout is BatchLayout.SINGLE:
+            return [[item] for item in items]
+        by_start: dict[int, list[StepItem]] = {}
+        for item in items:
+            by_start.setdefault(item.start, []).append(item)
+        return list(by_start.values())
 
     def _run(
         self,
@@ -156,6 +187,7 @@ class ModelRunner:
         if self._before_run is not None:
             before, self._before_run = self._before_run, None
             before()
+        self.stats.count(len(ids))
         out = self._run_model(feeds, ["logits", *self._present_names])
         present = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(self._layers)]
         return out[0], present
@@ -170,28 +202,26 @@ class ModelRunner:
         for row, item in enumerate(items):
             n = len(item.token_ids)
             ids[row, :n] = item.token_ids
-            mask[row, : item.start] = 1
-            mask[row, width : width + n] = 1
+            mask[row, width - item.start : width + n] = 1
             positions[row] = item.start + np.minimum(np.arange(t_max), n - 1)
         tables = [i.block_table for i in items]
-        past = self._storage.gather(tables, [i.start for i in items], width)
+        past = self.storage.gather(tables, [i.start for i in items], width)
         logits, present = self._run(ids, mask, positions, past)
         counts = [len(i.token_ids) for i in items]
-        self._storage.scatter(tables, [i.start for i in items], counts, present, width)
+        self.storage.scatter(tables, [i.start for i in items], counts, present, width)
         wanted = [row for row, item in enumerate(items) if item.wants_logits]
         last = np.array([counts[row] - 1 for row in wanted], np.int64)
         return StepLogits([items[row].request_id for row in wanted], logits[wanted, last])
 
-    def _decode(self, items: Sequence[StepItem]) -> StepLogits:
-        view = self._view
+    def _decode(
+        self, items: Sequence[StepItem], views: dict[tuple[str, ...], _DecodeView]
+    ) -> StepLogits:
+        """One decode pass; its next view goes into `views` under the pass's request ids."""
         ids_now = [i.request_id for i in items]
+        key = tuple(ids_now)
         lengths = [i.start for i in items]
-        if (
-            view is None
-            or view.request_ids != ids_now
-            or view.lengths != lengths
-            or view.width > max(lengths) + _HOLES_SLACK
-        ):
+        view = self._views.get(key)
+        if view is None or view.lengths != lengths:
             view = self._rebuild(items)
         b = len(items)
         ids = np.array([[i.token_ids[0]] for i in items], np.int64)
@@ -199,13 +229,13 @@ class ModelRunner:
         positions = np.array([[n] for n in lengths], np.int64)
         logits, present = self._run(ids, mask, positions, view.past)
         tables = [i.block_table for i in items]
-        self._storage.scatter(tables, lengths, [1] * b, present, view.width)
-        self._view = _DecodeView(ids_now, [n + 1 for n in lengths], mask, present)
+        self.storage.scatter(tables, lengths, [1] * b, present, view.width)
+        views[key] = _DecodeView(ids_now, [n + 1 for n in lengths], mask, present)
         return StepLogits(ids_now, logits[:, 0])
 
     def _rebuild(self, items: Sequence[StepItem]) -> _DecodeView:
         lengths = [i.start for i in items]
         width = max(lengths)
-        past = self._storage.gather([i.block_table for i in items], lengths, width)
-        mask = (np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+        past = self.storage.gather([i.block_table for i in items], lengths, width)
+        mask = (np.arange(width)[None, :] >= width - np.array(lengths)[:, None]).astype(np.int64)
         return _DecodeView([i.request_id for i in items], lengths, mask, past)

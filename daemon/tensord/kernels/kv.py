@@ -65,8 +65,9 @@ def _blocks(
 def kv_gather(
     pool: np.ndarray, block_tables: np.ndarray, seq_lens: np.ndarray, out: np.ndarray
 ) -> np.ndarray:
-    """out[b, :, t, :] = pool[block_tables[b, t // bs], :, t % bs, :] for t < seq_lens[b],
-    0 for seq_lens[b] <= t < P_max. Writes into out [B, H, P_max, D] and returns it."""
+    """Right-aligned: out[b, :, P_max - seq_lens[b] + t, :] =
+    pool[block_tables[b, t // bs], :, t % bs, :] for t < seq_lens[b], 0 in the columns
+    before. Writes into out [B, H, P_max, D] and returns it."""
     _check_common(pool, block_tables, {"seq_lens": seq_lens})
     nb, _, bs, _ = pool.shape
     batch = block_tables.shape[0]
@@ -78,8 +79,8 @@ def kv_gather(
         n = int(seq_lens[b])
         t = np.arange(n)
         ids = _blocks(block_tables, b, t, bs, nb)
-        out[b, :, :n, :] = pool[ids, :, t % bs, :].transpose(1, 0, 2)
-        out[b, :, n:, :] = 0
+        out[b, :, p_max - n :, :] = pool[ids, :, t % bs, :].transpose(1, 0, 2)
+        out[b, :, : p_max - n, :] = 0
     return out
 
 

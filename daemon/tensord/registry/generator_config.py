@@ -8,8 +8,12 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tensord.errors import ModelLoadError
+from tensord.generate.batch_layout import BatchLayout
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_CONTEXT_LENGTH = 2048
+"""max_model_len for a model whose config.json declares no context length (BLOOM and MPT
+with ALiBi have no table of positions)."""
 """The KV pool's size when model.toml sets neither kv_cache_bytes nor num_blocks."""
 
 
@@ -37,7 +41,9 @@ class GeneratorConfig(BaseModel):
     0 means unbounded."""
     max_model_len: int | None = Field(default=None, ge=1)
     """Longest sequence (prompt + generated tokens); default and upper bound: the model's
-    context length (config.json's max_position_embeddings, n_positions or n_ctx)."""
+    context length (config.json's max_position_embeddings, n_positions, max_seq_len,
+    seq_length or n_ctx). A model that declares none (ALiBi: BLOOM, MPT) takes any value
+    here, and 2048 by default."""
     intra_op_threads: int = Field(default=1, ge=0)
     """Threads one model step may use inside an operator; 0 lets ONNX Runtime use one per
     core. The default leaves the other cores to the event loop, which detokenizes and
@@ -51,6 +57,14 @@ class GeneratorConfig(BaseModel):
     work that shares the host's cores with the model (measured on 2 cores at 16 streams:
     about 13 % less server CPU per token and about 6 % more tokens/s than 1)."""
 
+    batch_layout: Literal["auto", "padded", "equal_length", "single"] = "auto"
+    """How sequences of different lengths share a model pass. "auto" takes the widest the
+    graph allows, checked on the model at load: "padded" (any lengths in one pass, pasts
+    right-aligned; graphs with position_ids, and ALiBi models) or "equal_length" (only
+    sequences with pasts of the same length; graphs that count positions from the past's
+    length, such as Gemma's). "single" runs one sequence per pass. A layout wider than the
+    graph allows is refused at load, never served wrong."""
+
     @model_validator(mode="after")
     def _check(self) -> GeneratorConfig:
         if self.kv_cache_bytes is not None and self.num_blocks is not None:
@@ -63,11 +77,13 @@ class GeneratorConfig(BaseModel):
             )
         return self
 
-    def resolve(self, *, context_length: int, kv_bytes_per_token: int) -> GeneratorLimits:
-        """The limits for one model: max_model_len checked against its context, the pool's
-        block count from its KV bytes per token. Raises ModelLoadError when they cannot work."""
-        max_model_len = self.max_model_len or context_length
-        if max_model_len > context_length:
+    def resolve(self, *, context_length: int | None, kv_bytes_per_token: int) -> GeneratorLimits:
+        """The limits for one model: max_model_len checked against its context (None: the
+        model declares none, and max_model_len defaults to DEFAULT_CONTEXT_LENGTH), the
+        pool's block count from its KV bytes per token. Raises ModelLoadError when they
+        cannot work."""
+        max_model_len = self.max_model_len or context_length or DEFAULT_CONTEXT_LENGTH
+        if context_length is not None and max_model_len > context_length:
             raise ModelLoadError(
                 f"[generator] max_model_len {max_model_len} exceeds the model's context "
                 f"length {context_length}"
@@ -95,6 +111,7 @@ class GeneratorConfig(BaseModel):
             max_model_len=max_model_len,
             intra_op_threads=self.intra_op_threads,
             stream_interval=0 if self.stream_interval == "auto" else self.stream_interval,
+            layout=None if self.batch_layout == "auto" else BatchLayout(self.batch_layout),
         )
 
 
@@ -113,3 +130,5 @@ class GeneratorLimits:
     intra_op_threads: int
     stream_interval: int = 0
     """Steps a stream's tokens are merged over; 0: chosen from the running streams."""
+    layout: BatchLayout | None = None
+    """The configured batch layout; None: chosen from the graph ("auto")."""

@@ -126,6 +126,11 @@ def generator_status(engine: GenerationEngine, stats: EngineStats) -> pb.Generat
         preemptions=stats.preemptions,
         eos_token_ids=list(engine.directory.spec.eos_token_ids),
         stream_interval=limits.stream_interval,
+        batch_layout=engine.layout.layout.value,
+        batch_layout_reason=engine.layout.reason,
+        model_passes=stats.passes.passes,
+        pass_sequences=stats.passes.sequences,
+        max_pass_sequences=stats.passes.max_sequences,
     )
 
 

@@ -1,4 +1,5 @@
-"""The KV pool's bytes: scatter then gather gives back exactly what was written."""
+"""The KV pool's bytes: scatter then gather gives back exactly what was written, each
+sequence right-aligned in the gathered past."""
 
 from __future__ import annotations
 
@@ -35,9 +36,12 @@ def test_scatter_then_gather_round_trip() -> None:
         for which in range(2):
             got = past[layer][which]
             assert got.shape == (2, 2, 11, 3) and got.flags.c_contiguous
-            assert np.array_equal(got[0, :, :10], new[layer][which][0, :, 2:12])
-            assert np.array_equal(got[1, :, :3], new[layer][which][1, :, 2:5])
-            assert not got[0, :, 10:].any() and not got[1, :, 3:].any()
+            assert np.array_equal(got[0, :, 1:], new[layer][which][0, :, 2:12])
+            assert np.array_equal(got[1, :, 8:], new[layer][which][1, :, 2:5])
+            assert not got[0, :, :1].any() and not got[1, :, :8].any()
+    # Sequences that fill the width take the one-copy path; the same bytes.
+    full = storage.gather([tables[0]], [10], width=10)
+    assert np.array_equal(full[1][0][0], new[1][0][0, :, 2:12])
 
 
 def test_scatter_appends_one_position() -> None:
