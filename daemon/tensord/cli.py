@@ -112,6 +112,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"{report['path']}  ({report['size_bytes']} bytes)")
+    for file in report["external_data"]:
+        size = "missing" if file["size_bytes"] is None else f"{file['size_bytes']} bytes"
+        print(f"  weights in {file['path']}  ({size})")
     print(
         f"producer: {report['producer']}  opsets: {report['opsets']}  "
         f"ir_version: {report['ir_version']}"
@@ -119,7 +122,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for kind in ("inputs", "outputs"):
         print(f"{kind}:")
         for t in report[kind]:
-            print(f"  {t['name']:<24} {t['dtype']:<10} {t['shape']}")
+            dims = ", ".join(str(d) for d in t["dims"])
+            print(f"  {t['name']:<24} {t['dtype']:<10} [{dims}]")
     if report["metadata"]:
         print("metadata:")
         for key, value in report["metadata"].items():
@@ -127,7 +131,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"providers that can run it: {', '.join(report['runnable_providers'])}")
     for provider, reason in report["unrunnable_providers"].items():
         print(f"  not {provider}: {reason}")
+    if "generator" in report:
+        _print_generator(report["generator"])
     return 0
+
+
+def _print_generator(generator: dict[str, Any]) -> None:
+    """The decoder part of `tensord inspect`: can Generate serve it, and how."""
+    if not generator["servable"]:
+        print(f"Generate: cannot serve it: {generator['reason']}")
+        return
+    g = generator
+    context = g["context_length"] or "none declared"
+    print(
+        f"Generate: can serve it ({g['model_type'] or 'no model_type'}: {g['layers']} layers, "
+        f"{g['attention_heads']} heads, {g['kv_heads']} KV heads of {g['head_dim']}, "
+        f"context {context}, {g['kv_bytes_per_token']} KV bytes a token)"
+    )
+    print(f"  batch layout: {g['batch_layout']}: {g['batch_layout_reason']}")
+    for note in g["notes"]:
+        print(f"  note: {note}")
 
 
 def cmd_demo_repo(args: argparse.Namespace) -> int:

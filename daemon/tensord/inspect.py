@@ -1,4 +1,5 @@
-"""`tensord inspect`: what an ONNX file is and which providers here can run it."""
+"""`tensord inspect`: what an ONNX file is, which providers here can run it, and, for a
+decoder export, whether Generate can serve it and how it batches."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from tensord.backends.onnxruntime import available_providers, describe
 from tensord.codec import dtype_name
 from tensord.errors import ModelLoadError
+from tensord.generate.describe import describe_generator, looks_like_decoder
 
 
 def inspect_model(path: Path) -> dict[str, Any]:
@@ -45,12 +48,19 @@ def inspect_model(path: Path) -> dict[str, Any]:
                 ("outputs", session.get_outputs()),
             ):
                 signature[kind] = [
-                    {"name": s.name, "dtype": dtype_name(s.dtype), "shape": list(s.shape)}
-                    for s in describe(args, kind[:-1])
+                    {
+                        "name": s.name,
+                        "dtype": dtype_name(s.dtype),
+                        "shape": list(s.shape),
+                        "dims": _dims(arg.shape),
+                    }
+                    for s, arg in zip(describe(args, kind[:-1]), args, strict=True)
                 ]
-    return {
+    external = _external_files(path, proto)
+    report = {
         "path": str(path),
         "size_bytes": path.stat().st_size,
+        "external_data": external,
         "ir_version": proto.ir_version,
         "opsets": {op.domain or "ai.onnx": op.version for op in proto.opset_import},
         "producer": f"{proto.producer_name} {proto.producer_version}".strip(),
@@ -61,3 +71,25 @@ def inspect_model(path: Path) -> dict[str, Any]:
         "runnable_providers": runnable,
         "unrunnable_providers": unrunnable,
     }
+    if looks_like_decoder(path, proto.graph):
+        report["generator"] = describe_generator(path)
+    return report
+
+
+def _dims(shape: Any) -> list[int | str]:
+    """A shape as the graph names it: sizes, and the names of dynamic dimensions ("?" when
+    a dynamic dimension has no name)."""
+    return [d if isinstance(d, int) else (d or "?") for d in (shape or [])]
+
+
+def _external_files(path: Path, proto: onnx.ModelProto) -> list[dict[str, Any]]:
+    """The files holding weights outside the model file, with their sizes."""
+    locations = sorted(
+        {ExternalDataInfo(t).location for t in proto.graph.initializer if uses_external_data(t)}
+    )
+    found = []
+    for location in locations:
+        file = path.parent / location
+        size = file.stat().st_size if file.is_file() else None
+        found.append({"path": str(file), "size_bytes": size})
+    return found

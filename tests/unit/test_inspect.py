@@ -1,4 +1,5 @@
-"""`tensord inspect`: a model file described, anything else refused with a non-zero exit."""
+"""`tensord inspect`: a model file described (a decoder export with whether Generate can
+serve it), anything else refused with a non-zero exit."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from onnx import TensorProto
 from tensord.cli import main
 from tensord.errors import ModelLoadError
 from tensord.inspect import inspect_model
+from tests.hf_families import ExportCache
 from tests.models import build_identity
 
 
@@ -39,3 +41,55 @@ def test_anything_else_is_refused(
         inspect_model(path)
     assert main(["inspect", str(path), "--json"]) == 2
     assert capsys.readouterr().err.startswith(f"tensord: {path} ")
+
+
+def test_a_decoder_export_says_whether_generate_serves_it(
+    hf_exports: ExportCache, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Symbolic dimension names, the verdict and the batch layout (checked as at load)."""
+    path = hf_exports.get("gemma") / "model.onnx"
+    report = inspect_model(path)
+    (past,) = [t for t in report["inputs"] if t["name"] == "past_key_values.0.key"]
+    assert past["dims"] == ["batch_size", 2, "past_sequence_length", 16]
+    assert past["shape"] == [-1, 2, -1, 16]
+    generator = report["generator"]
+    assert generator["servable"] and generator["batch_layout"] == "equal_length"
+    assert (generator["model_type"], generator["kv_heads"], generator["head_dim"]) == (
+        "gemma",
+        2,
+        16,
+    )
+    assert report["external_data"] == []
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "past_key_values.0.key    DATA_TYPE_FLOAT32 [batch_size, 2, past_sequence_length" in out
+    assert "Generate: can serve it (gemma: 2 layers, 4 heads, 2 KV heads of 16" in out
+    assert "batch layout: equal_length: the graph takes no position_ids" in out
+
+
+def test_a_decoder_it_cannot_serve_says_why(
+    hf_exports: ExportCache, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DeepSeek-V3's keys and values differ in size; weights kept in an external file."""
+    import shutil
+
+    import onnx
+
+    directory = shutil.copytree(hf_exports.get("deepseek_v3"), tmp_path / "ds")
+    model = onnx.load(str(directory / "model.onnx"))
+    onnx.save(model, str(directory / "model.onnx"), save_as_external_data=True,
+              location="model.onnx_data")  # fmt: skip
+    report = inspect_model(directory / "model.onnx")
+    assert report["generator"]["servable"] is False
+    assert "its keys have head size 24 and its values 16" in report["generator"]["reason"]
+    (weights,) = report["external_data"]
+    assert weights["path"] == str(directory / "model.onnx_data") and weights["size_bytes"] > 0
+    assert main(["inspect", str(directory / "model.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert f"  weights in {directory / 'model.onnx_data'}" in out
+    assert "Generate: cannot serve it: " in out
+
+
+def test_a_plain_model_has_no_generator_part(tmp_path: Path) -> None:
+    path = build_identity(tmp_path / "model.onnx", TensorProto.FLOAT)
+    assert "generator" not in inspect_model(path)
