@@ -115,6 +115,81 @@ def greedy_with_past(
     return run
 
 
+def _right_aligned(rows: list[np.ndarray], width: int) -> np.ndarray:
+    """Per-sequence pasts [1, H, L, D] stacked right-aligned into [B, H, width, D]."""
+    first = rows[0]
+    out = np.zeros((len(rows), first.shape[1], width, first.shape[3]), first.dtype)
+    for b, row in enumerate(rows):
+        out[b, :, width - row.shape[2] :] = row[0]
+    return out
+
+
+def greedy_continuous(
+    session: ort.InferenceSession,
+    spec: GeneratorSpec,
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int,
+    steps: int,
+) -> float:
+    """The plain loop under continuous arrivals: len(prompts) slots, each running one
+    request after another (its prompt, then `new_tokens` greedy tokens), the first ones cut
+    to 1/B, 2/B, ... of the length so that sequences join and leave at different steps. A
+    newcomer's prompt runs alone; the decode batch keeps the pasts right-aligned (left
+    padding, masked) and feeds `present` back as it is, re-stacking only when a sequence
+    joins. Returns generated tokens/s, wall clock, over `steps` decode steps after a
+    request's length of warm-up: the best a loop over this graph does with staggered
+    sequences, with no server around it."""
+    outputs = ["logits"] + [name for pair in spec.present_output_names for name in pair]
+    past_names = [name for pair in spec.past_input_names for name in pair]
+    b = len(prompts)
+    left = [max(1, new_tokens * (i + 1) // b) for i in range(b)]
+    """Tokens each slot's current request has still to make (0: the next request joins)."""
+    lengths = [0] * b
+    last = [0] * b
+    past: list[np.ndarray] = []
+    mask = np.zeros((b, 0), np.int64)
+    tokens, began = 0, time.perf_counter()
+    for step in range(new_tokens + steps):
+        if step == new_tokens:
+            tokens, began = 0, time.perf_counter()
+        joined = {i: _prefill_alone(session, spec, prompts[i], outputs) for i in range(b)
+                  if step == 0 or left[i] == 0}  # fmt: skip
+        if joined:
+            rows = [[p[r : r + 1, :, p.shape[2] - lengths[r] :] for p in past] for r in range(b)]
+            for i, (token, present) in joined.items():
+                rows[i], last[i], lengths[i] = present, token, len(prompts[i])
+                left[i] = (left[i] or new_tokens) - 1
+                tokens += 1
+            width = max(lengths)
+            past = [
+                _right_aligned([rows[r][j] for r in range(b)], width)
+                for j in range(len(past_names))
+            ]
+            mask = (np.arange(width)[None, :] >= width - np.array(lengths)[:, None]).astype(
+                np.int64
+            )
+        mask = np.concatenate([mask, np.ones((b, 1), np.int64)], axis=1)
+        feeds = {"input_ids": np.array(last, np.int64)[:, None], "attention_mask": mask}
+        if spec.has_position_ids:
+            feeds["position_ids"] = np.array(lengths, np.int64)[:, None]
+        feeds.update(zip(past_names, past, strict=True))
+        logits, *past = session.run(outputs, feeds)
+        last = [int(t) for t in logits[:, -1].argmax(axis=-1)]
+        lengths = [n + 1 for n in lengths]
+        left = [n - 1 for n in left]
+        tokens += b
+    return tokens / (time.perf_counter() - began)
+
+
+def _prefill_alone(
+    session: ort.InferenceSession, spec: GeneratorSpec, prompt: Sequence[int], outputs: list[str]
+) -> tuple[int, list[np.ndarray]]:
+    """One prompt's pass: its first token and its present [1, H, L, D] per past input."""
+    feeds, _ = _prefill_feeds(spec, [prompt])
+    logits, *present = session.run(outputs, feeds)
+    return int(logits[0, -1].argmax()), present
+
+
 def sample_prompts(spec: GeneratorSpec, batch: int, length: int, seed: int = 0) -> list[list[int]]:
     """`batch` seeded prompts of `length` tokens (BOS first when the model uses one)."""
     rng = np.random.default_rng(seed)

@@ -216,7 +216,9 @@ def test_inspect(demo_repo: Path) -> None:
     )
     report = json.loads(result.stdout)
     assert report["opsets"] == {"ai.onnx": 17}
-    assert report["inputs"] == [{"name": "input", "dtype": "DATA_TYPE_FLOAT32", "shape": [-1, 512]}]
+    assert report["inputs"] == [
+        {"name": "input", "dtype": "DATA_TYPE_FLOAT32", "shape": [-1, 512], "dims": ["batch", 512]}
+    ]
     assert "CPUExecutionProvider" in report["runnable_providers"]
     assert report["producer"] == "tensord-demo"
 

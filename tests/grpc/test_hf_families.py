@@ -3,9 +3,11 @@ prompt alone and with streams of different prompt lengths joining and leaving in
 
 Every family is a tiny random-weight model exported by the tests with Optimum's
 text-generation-with-past task and dropped into the repository unchanged (tests/
-hf_families.py). Families whose graph takes position_ids (or whose ALiBi follows the
-attention mask) share every pass; those that count positions from the past's length (Gemma,
-GPT-OSS, Nemotron) share passes between sequences whose pasts have the same length. Info's
+hf_families.py). Every family shares passes between sequences of any length: graphs that
+take position_ids (or whose ALiBi follows the attention mask) as exported, and those that
+count positions from the past's length (Gemma, GPT-OSS, Nemotron) with a position_ids input
+that the loader adds to their rotary embedding. The same Gemma export configured with
+batch_layout = "equal_length" shares passes only between pasts of the same length. Info's
 pass counters show that sequences really shared passes.
 """
 
@@ -31,10 +33,14 @@ PADDED = ["gpt2", "llama", "qwen2", "phi3", "mistral_sw16", "gpt_neo", "gpt_bigc
 attention (8) are shorter than the longest sequences here; gpt_bigcode has one KV head."""
 ALIBI = ["bloom", "falcon", "mpt"]
 """No position_ids needed (Falcon here is multi-query with rotary and position_ids)."""
-EQUAL_LENGTH = ["gemma", "gemma2", "gemma3_text", "gpt_oss", "nemotron"]
-"""No position_ids: positions counted from the past's length; gemma2, gemma3_text and
-gpt_oss have sliding windows of 8."""
-SERVED = PADDED + ALIBI + EQUAL_LENGTH
+REWRITTEN = ["gemma", "gemma2", "gemma3_text", "gpt_oss", "nemotron"]
+"""No position_ids: positions counted from the past's length (given a position_ids input
+at load); gemma2, gemma3_text and gpt_oss have sliding windows of 8."""
+EQUAL_LENGTH = ["gemma_equal"]
+"""The gemma export as it is, one past length per pass (model.toml's batch_layout)."""
+SERVED = PADDED + ALIBI + REWRITTEN + EQUAL_LENGTH
+EXPORTS = {name: name for name in PADDED + ALIBI + REWRITTEN} | {"gemma_equal": "gemma"}
+"""The family each served model is."""
 
 WAVES = ((4, 4, 11), (7, 17), (7, 13, 20))
 """Prompt lengths of the streams, started in waves: a wave starts once every stream of
@@ -60,8 +66,8 @@ def families(hf_exports: ExportCache) -> dict[str, Family]:
     """Each family's prompts and transformers' greedy runs of them."""
     found = {}
     for seed, name in enumerate(SERVED):
-        hf_exports.get(name)
-        model = build_model(FAMILIES[name])
+        hf_exports.get(EXPORTS[name])
+        model = build_model(FAMILIES[EXPORTS[name]])
         prompts = _prompts(seed)
         runs = [
             transformers_greedy(model, [prompt], n)[0]
@@ -77,9 +83,10 @@ def server(
 ) -> Iterator[ServerThread]:
     repo = tmp_path_factory.mktemp("hf-repo")
     for name in [*SERVED, "deepseek_v3"]:
-        shutil.copytree(hf_exports.get(name), repo / name)
+        shutil.copytree(hf_exports.get(EXPORTS.get(name, name)), repo / name)
+        layout = 'batch_layout = "equal_length"\n' if name in EQUAL_LENGTH else ""
         (repo / name / "model.toml").write_text(
-            "[generator]\nnum_blocks = 128\nblock_size = 4\nmax_model_len = 64\n"
+            f"[generator]\nnum_blocks = 128\nblock_size = 4\nmax_model_len = 64\n{layout}"
         )
     srv = serve(repo)
     yield srv
@@ -145,6 +152,8 @@ def test_transformers_tokens_alone_and_in_waves(
         status = _status(client, name).generator
         layout = "equal_length" if name in EQUAL_LENGTH else "padded"
         assert status.batch_layout == layout, status.batch_layout_reason
+        if name in REWRITTEN:
+            assert "a position_ids input added at load" in status.batch_layout_reason
         compared = 0
         for prompt, n, reference in zip(family.prompts, NEW_TOKENS, family.references, strict=True):
             compared += reference.check(_generate(client, name, prompt, n, threading.Event()))

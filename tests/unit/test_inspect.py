@@ -53,7 +53,8 @@ def test_a_decoder_export_says_whether_generate_serves_it(
     assert past["dims"] == ["batch_size", 2, "past_sequence_length", 16]
     assert past["shape"] == [-1, 2, -1, 16]
     generator = report["generator"]
-    assert generator["servable"] and generator["batch_layout"] == "equal_length"
+    assert generator["servable"] and generator["batch_layout"] == "padded"
+    assert generator["feeds_position_ids"] and not generator["takes_position_ids"]
     assert (generator["model_type"], generator["kv_heads"], generator["head_dim"]) == (
         "gemma",
         2,
@@ -64,7 +65,7 @@ def test_a_decoder_export_says_whether_generate_serves_it(
     out = capsys.readouterr().out
     assert "past_key_values.0.key    DATA_TYPE_FLOAT32 [batch_size, 2, past_sequence_length" in out
     assert "Generate: can serve it (gemma: 2 layers, 4 heads, 2 KV heads of 16" in out
-    assert "batch layout: equal_length: the graph takes no position_ids" in out
+    assert "batch layout: padded: the graph counts positions from the past's length; " in out
 
 
 def test_a_decoder_it_cannot_serve_says_why(

@@ -141,15 +141,29 @@ def provider_options(
 
 
 class OnnxRuntimeBackend:
-    """Runs an ONNX file with the best available provider; CPU always works."""
+    """Runs an ONNX file with the best available provider; CPU always works.
 
-    def __init__(self, path: Path, config: ModelConfig, where: DeviceOptions | None = None) -> None:
+    `model`, when given, is the serialized graph to run instead of the file's (a graph the
+    loader rewrote); its external weights are still read beside `path`."""
+
+    def __init__(
+        self,
+        path: Path,
+        config: ModelConfig,
+        where: DeviceOptions | None = None,
+        model: bytes | None = None,
+    ) -> None:
         plan = plan_providers(available_providers(), config.preferred_provider, config.providers)
         self.device_id = (where or DeviceOptions()).device_id
+        options = session_options(config)
+        if model is not None:
+            options.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", str(path.parent)
+            )
         try:
             self._session = ort.InferenceSession(
-                str(path),
-                sess_options=session_options(config),
+                model if model is not None else str(path),
+                sess_options=options,
                 providers=provider_options(plan.providers, config, where or DeviceOptions()),
             )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types

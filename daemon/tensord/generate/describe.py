@@ -1,7 +1,7 @@
 """What `tensord inspect` says of a decoder export: can Generate serve it, and how.
 
-It reads the directory as the loader does (model_dir.py) and, where that succeeds, runs
-the batch layout check (layout_check.py) on a CPU session with a small KV pool: the same
+It reads the directory as the loader does (model_dir.py) and, where that succeeds, opens
+and checks the session as the loader does (serving_graph.py), on the CPU: the same
 verdict the daemon reaches at load, without starting it.
 """
 
@@ -13,14 +13,9 @@ from typing import Any
 import onnx
 
 from tensord.errors import ModelLoadError
-from tensord.generate.batch_layout import choose_layout
-from tensord.generate.kv_storage import KVShape, KVStorage
-from tensord.generate.layout_check import check_layout
 from tensord.generate.model_dir import is_generator_dir, load_generator_dir
-from tensord.generate.model_runner import ModelRunner
-
-_CHECK_BLOCKS = 16
-_CHECK_BLOCK_SIZE = 4
+from tensord.generate.serving_graph import open_serving_graph
+from tensord.registry.model_config import ModelConfig
 
 
 def looks_like_decoder(path: Path, graph: onnx.GraphProto) -> bool:
@@ -52,32 +47,14 @@ def describe_generator(path: Path) -> dict[str, Any]:
         "notes": list(spec.notes),
     }
     try:
-        choice = _checked_layout(directory.spec)
+        serving = open_serving_graph(spec, ModelConfig())
     except ModelLoadError as exc:
         report.update(servable=False, reason=str(exc))
         return report
-    report.update(batch_layout=choice.layout.value, batch_layout_reason=choice.reason)
+    serving.backend.close()
+    report.update(
+        batch_layout=serving.layout.layout.value,
+        batch_layout_reason=serving.layout.reason,
+        feeds_position_ids=serving.position_ids,
+    )
     return report
-
-
-def _checked_layout(spec: Any) -> Any:
-    from tensord.backends.onnxruntime import OnnxRuntimeBackend
-    from tensord.registry.model_config import ModelConfig
-
-    backend = OnnxRuntimeBackend(spec.model_path, ModelConfig())
-    try:
-        shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.kv_dtype.numpy)
-        storage = KVStorage(shape, _CHECK_BLOCKS, _CHECK_BLOCK_SIZE)
-        choice = choose_layout(spec.model_type, spec.has_position_ids)
-        runner = ModelRunner(
-            backend.run,
-            storage,
-            spec.num_layers,
-            spec.has_position_ids,
-            pad_token_id=spec.pad_token_id or 0,
-            layout=choice.layout,
-        )
-        half = spec.kv_dtype.numpy.itemsize < 4
-        return check_layout(runner, choice, spec.vocab_size, half)
-    finally:
-        backend.close()

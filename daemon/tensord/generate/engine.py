@@ -99,7 +99,10 @@ class GenerationEngine:
         limits: GeneratorLimits,
         run: RunFn,
         layout: LayoutChoice | None = None,
+        position_ids: bool | None = None,
     ) -> None:
+        """`layout` and `position_ids` (whether the session takes position_ids) are what
+        the loader settled (serving_graph.py); by default, what the graph says."""
         spec = directory.spec
         self.name = name
         self.directory = directory
@@ -118,12 +121,13 @@ class GenerationEngine:
         )
         pad = spec.pad_token_id if spec.pad_token_id is not None else 0
         self.layout = layout or choose_layout(spec.model_type, spec.has_position_ids)
-        """The batch layout and why (set again by the loader once checked on the model)."""
+        """The batch layout and why."""
+        self.position_ids = spec.has_position_ids if position_ids is None else position_ids
         self.runner = ModelRunner(
             run,
             self.storage,
             spec.num_layers,
-            spec.has_position_ids,
+            self.position_ids,
             pad_token_id=pad,
             layout=self.layout.layout,
         )

@@ -7,13 +7,11 @@ from pathlib import Path
 import structlog
 
 from tensord.backends.base import BackendPlacement, DeviceOptions, TensorSpec
-from tensord.backends.onnxruntime import OnnxRuntimeBackend
 from tensord.errors import ModelLoadError
-from tensord.generate.batch_layout import choose_layout, restrict
 from tensord.generate.engine import GenerationEngine
-from tensord.generate.layout_check import check_layout
 from tensord.generate.model_dir import load_generator_dir
 from tensord.generate.model_runner import PassStats, StepItem
+from tensord.generate.serving_graph import open_serving_graph
 from tensord.registry.generator_config import GeneratorConfig
 from tensord.registry.model_config import ModelConfig
 
@@ -32,21 +30,19 @@ def load_engine(
     limits = (config.generator or GeneratorConfig()).resolve(
         context_length=spec.context_length, kv_bytes_per_token=spec.kv_bytes_per_token
     )
-    try:
-        layout = restrict(choose_layout(spec.model_type, spec.has_position_ids), limits.layout)
-    except ValueError as exc:
-        raise ModelLoadError(f"[generator] {exc}") from None
     session_config = config.model_copy(update={"intra_op_threads": limits.intra_op_threads})
-    backend = OnnxRuntimeBackend(spec.model_path, session_config, where)
-    engine = GenerationEngine(name, directory, limits, backend.run, layout)
-    try:
-        _check_and_warm_up(engine, config.warmup)
-    except ModelLoadError:
-        engine.close()
-        raise
-    except Exception as exc:
-        engine.close()
-        raise ModelLoadError(f"warm-up generation step failed: {exc}") from None
+    serving = open_serving_graph(spec, session_config, where, limits.layout)
+    backend = serving.backend
+    engine = GenerationEngine(
+        name, directory, limits, backend.run, serving.layout, serving.position_ids
+    )
+    if config.warmup:
+        try:
+            _warm_up(engine)
+        except Exception as exc:
+            engine.close()
+            backend.close()
+            raise ModelLoadError(f"warm-up generation step failed: {exc}") from None
     log.info(
         "generator.batch_layout",
         model=name,
@@ -56,18 +52,15 @@ def load_engine(
     return engine, backend.placement, backend.inputs, backend.outputs
 
 
-def _check_and_warm_up(engine: GenerationEngine, warmup: bool) -> None:
-    """Check the batch layout on the model (layout_check.py); those steps also warm it
-    up. Where the pool is too small for the check, and warm-up is on, a one-token prefill
-    and a decode step on free blocks stand in, so the first request pays no lazy set-up.
-    The blocks stay free: a request writes its positions before reading."""
+def _warm_up(engine: GenerationEngine) -> None:
+    """A one-token prefill and a decode step on free blocks of the engine's own pool, so
+    the first request pays no lazy set-up (the layout check warmed the session on a small
+    pool of its own). The blocks stay free: a request writes its positions before reading.
+    Two positions need two blocks when a block holds one token."""
     spec = engine.directory.spec
-    half = spec.kv_dtype.numpy.itemsize < 4
-    engine.layout = check_layout(engine.runner, engine.layout, spec.vocab_size, half)
-    if engine.runner.stats.passes == 0 and warmup:
-        token = spec.bos_token_id if spec.bos_token_id is not None else 0
-        table = [0] if engine.storage.block_size > 1 else [0, 1]
-        engine.runner.execute([StepItem("warm-up", [token], 0, table)])
-        engine.runner.execute([StepItem("warm-up", [token], 1, table)])
-        engine.runner.reset()
+    token = spec.bos_token_id if spec.bos_token_id is not None else 0
+    table = [0] if engine.storage.block_size > 1 else [0, 1]
+    engine.runner.execute([StepItem("warm-up", [token], 0, table)])
+    engine.runner.execute([StepItem("warm-up", [token], 1, table)])
+    engine.runner.reset()
     engine.runner.stats = PassStats()

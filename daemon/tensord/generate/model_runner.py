@@ -128,7 +128,7 @@ class ModelRunner:
         self._present_names = [
             name for i in range(num_layers) for name in (f"present.{i}.key", f"present.{i}.value")
         ]
-        self._views: dict[tuple[str, ...], _DecodeView] = {}
+        self._views: dict[frozenset[str], _DecodeView] = {}
         self._before_run: Callable[[], None] | None = None
 
     def execute(
@@ -145,7 +145,7 @@ class ModelRunner:
         for item in items:
             (decodes if _is_decode(item) else prefills).append(item)
         parts = [self._prefill(group) for group in self._passes(prefills)]
-        views: dict[tuple[str, ...], _DecodeView] = {}
+        views: dict[frozenset[str], _DecodeView] = {}
         parts.extend(self._decode(group, views) for group in self._passes(decodes))
         self._views = views
         if len(parts) == 1:
@@ -214,28 +214,80 @@ class ModelRunner:
         return StepLogits([items[row].request_id for row in wanted], logits[wanted, last])
 
     def _decode(
-        self, items: Sequence[StepItem], views: dict[tuple[str, ...], _DecodeView]
+        self, items: Sequence[StepItem], views: dict[frozenset[str], _DecodeView]
     ) -> StepLogits:
-        """One decode pass; its next view goes into `views` under the pass's request ids."""
-        ids_now = [i.request_id for i in items]
-        key = tuple(ids_now)
-        lengths = [i.start for i in items]
+        """One decode pass; its next view goes into `views` under the pass's request ids.
+        The pass's rows follow the view's order (the logits say whose row is whose)."""
+        by_id = {i.request_id: i for i in items}
+        key = frozenset(by_id)
         view = self._views.get(key)
-        if view is None or view.lengths != lengths:
-            view = self._rebuild(items)
-        b = len(items)
-        ids = np.array([[i.token_ids[0]] for i in items], np.int64)
+        if view is None or any(
+            by_id[r].start != n for r, n in zip(view.request_ids, view.lengths, strict=True)
+        ):
+            view = self._assemble(items)
+        ordered = [by_id[r] for r in view.request_ids]
+        b = len(ordered)
+        ids = np.array([[i.token_ids[0]] for i in ordered], np.int64)
         mask = np.concatenate([view.mask, np.ones((b, 1), np.int64)], axis=1)
-        positions = np.array([[n] for n in lengths], np.int64)
+        positions = np.array([[n] for n in view.lengths], np.int64)
         logits, present = self._run(ids, mask, positions, view.past)
-        tables = [i.block_table for i in items]
-        self.storage.scatter(tables, lengths, [1] * b, present, view.width)
-        views[key] = _DecodeView(ids_now, [n + 1 for n in lengths], mask, present)
-        return StepLogits(ids_now, logits[:, 0])
+        tables = [i.block_table for i in ordered]
+        self.storage.scatter(tables, view.lengths, [1] * b, present, view.width)
+        views[key] = _DecodeView(view.request_ids, [n + 1 for n in view.lengths], mask, present)
+        return StepLogits(view.request_ids, logits[:, 0])
 
-    def _rebuild(self, items: Sequence[StepItem]) -> _DecodeView:
-        lengths = [i.start for i in items]
+    def _assemble(self, items: Sequence[StepItem]) -> _DecodeView:
+        """A decode view for a new membership: rows of sequences that decoded last step
+        are copied from that step's view (one vectorised take per tensor), the others are
+        gathered from the pool; kept rows first, in their old order."""
+        found: dict[str, tuple[_DecodeView, int]] = {}
+        for old in self._views.values():
+            for row, rid in enumerate(old.request_ids):
+                found[rid] = (old, row)
+        kept: dict[int, tuple[_DecodeView, list[StepItem], list[int]]] = {}
+        fresh: list[StepItem] = []
+        for item in items:
+            source = found.get(item.request_id)
+            if source is not None and source[0].lengths[source[1]] == item.start:
+                group = kept.setdefault(id(source[0]), (source[0], [], []))
+                group[1].append(item)
+                group[2].append(source[1])
+            else:
+                fresh.append(item)
+        ordered = [i for _, members, _ in kept.values() for i in members] + fresh
+        lengths = [i.start for i in ordered]
         width = max(lengths)
-        past = self.storage.gather([i.block_table for i in items], lengths, width)
+        tensors = 2 * self._layers
+        out = [self._empty_like_past(len(ordered), width) for _ in range(tensors)]
+        start = 0
+        for old, _, rows in kept.values():
+            index = np.array(rows, np.intp)
+            for j in range(tensors):
+                src = old.past[j // 2][j % 2]
+                _copy_rows(src, index, out[j][start : start + len(rows)])
+            start += len(rows)
+        if fresh:
+            gathered = self.storage.gather(
+                [i.block_table for i in fresh], [i.start for i in fresh], width
+            )
+            for j in range(tensors):
+                out[j][start:] = gathered[j // 2][j % 2]
         mask = (np.arange(width)[None, :] >= width - np.array(lengths)[:, None]).astype(np.int64)
-        return _DecodeView([i.request_id for i in items], lengths, mask, past)
+        past = [(out[2 * k], out[2 * k + 1]) for k in range(self._layers)]
+        return _DecodeView([i.request_id for i in ordered], lengths, mask, past)
+
+    def _empty_like_past(self, batch: int, width: int) -> np.ndarray:
+        shape = self.storage.shape
+        return np.empty((batch, shape.kv_heads, width, shape.head_dim), shape.dtype)
+
+
+def _copy_rows(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """out[r] = src[rows[r]], right-aligned: the last columns of each kept; zeros before
+    when `out` is wider (a longer newcomer joined). Columns left of a sequence's tokens
+    are zero in every view (padding is fed as zeros and ONNX Runtime copies it)."""
+    width, have = out.shape[2], src.shape[2]
+    if width <= have:
+        np.take(src[:, :, have - width :], rows, axis=0, out=out)
+    else:
+        out[:, :, : width - have] = 0
+        out[:, :, width - have :] = src[rows]
