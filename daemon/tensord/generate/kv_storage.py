@@ -52,17 +52,15 @@ class KVStorage:
 
     def gather(
         self, tables: Sequence[Sequence[int]], lengths: Sequence[int], width: int
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per layer, (past keys, past values) of shape [B, kv_heads, width, head_dim]:
-        sequence b's first lengths[b] positions right-aligned (in the last lengths[b]
-        columns), zeros before them."""
+    ) -> list[np.ndarray]:
+        """Past keys and values [key 0, value 0, key 1, ...], each [B, kv_heads, width,
+        head_dim]: sequence b's first lengths[b] positions right-aligned (in the last
+        lengths[b] columns), zeros before them."""
         index, blocks = _block_index(tables, lengths, width, self.block_size)
         return [
-            (
-                kv_gather(k, index, lengths, width, blocks),
-                kv_gather(v, index, lengths, width, blocks),
-            )
-            for k, v in self.layers
+            kv_gather(pool, index, lengths, width, blocks)
+            for layer in self.layers
+            for pool in layer
         ]
 
     def scatter(
@@ -70,32 +68,33 @@ class KVStorage:
         tables: Sequence[Sequence[int]],
         starts: Sequence[int],
         counts: Sequence[int],
-        new: Sequence[tuple[np.ndarray, np.ndarray]],
+        new: Sequence[np.ndarray],
         offset: int,
+        rows: Sequence[int] | None = None,
     ) -> None:
-        """Write new[i] = (keys, values) [B, kv_heads, >= offset + T, head_dim], positions
-        offset + t for t < counts[b], into sequence b's positions starts[b] + t."""
+        """Write new = [keys 0, values 0, keys 1, ...], each [B', kv_heads, >= offset + T,
+        head_dim], positions offset + t for t < counts[b] of batch row rows[b] (default b),
+        into sequence b's positions starts[b] + t."""
         bs = self.block_size
+        pools = [pool for layer in self.layers for pool in layer]
+        batch = np.arange(len(counts)) if rows is None else np.asarray(rows, np.intp)
         if len(counts) == 1 and counts[0] == 1:  # one sequence's decode: plain slices
-            block, slot = tables[0][starts[0] // bs], starts[0] % bs
-            for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
-                k_pool[block, :, slot, :] = k_new[0, :, offset, :]
-                v_pool[block, :, slot, :] = v_new[0, :, offset, :]
+            block, slot, row = tables[0][starts[0] // bs], starts[0] % bs, int(batch[0])
+            for pool, fresh in zip(pools, new, strict=True):
+                pool[block, :, slot, :] = fresh[row, :, offset, :]
             return
         if len(counts) and min(counts) == max(counts) == 1:  # a decode step: one token each
             blocks = np.array([t[s // bs] for t, s in zip(tables, starts, strict=True)], np.int64)
             slots = np.array(starts, np.int64) % bs
-            for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
-                k_pool[blocks, :, slots, :] = k_new[:, :, offset, :]
-                v_pool[blocks, :, slots, :] = v_new[:, :, offset, :]
+            for pool, fresh in zip(pools, new, strict=True):
+                pool[blocks, :, slots, :] = fresh[batch, :, offset, :]
             return
-        rows, cols, blocks, slots = scatter_index(tables, starts, counts, bs)
-        if not len(rows):
+        items, cols, blocks, slots = scatter_index(tables, starts, counts, bs)
+        if not len(items):
             return
         cols += offset
-        for (k_pool, v_pool), (k_new, v_new) in zip(self.layers, new, strict=True):
-            k_pool[blocks, :, slots, :] = k_new[rows, :, cols, :]
-            v_pool[blocks, :, slots, :] = v_new[rows, :, cols, :]
+        for pool, fresh in zip(pools, new, strict=True):
+            pool[blocks, :, slots, :] = fresh[batch[items], :, cols, :]
 
 
 def _reserved(dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

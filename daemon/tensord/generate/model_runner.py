@@ -8,21 +8,21 @@ key offsets within a sequence are what they are alone; position_ids are each seq
 real positions.
 
 Prefill chunks (several tokens per sequence, ragged, right-padded) run over a past
-gathered from the pool. Decode passes keep a persistent view each: while the same
-sequences decode in the same order, the model's `present` outputs are the next step's past
-as they are (ONNX Runtime has already appended the new token, still right-aligned), and
-only the new token's keys and values are written to the pool. Any change of membership
-rebuilds that view from the pool.
+gathered from the pool. Decode passes keep a persistent view each (decode_view.py): the
+model's `present` outputs are the next step's past as they are, only the new token's keys
+and values are written to the pool, and sequences that join or leave the padded pass
+change rows in place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from tensord.generate.batch_layout import BatchLayout
+from tensord.generate.decode_view import DecodeView, assemble, patch
 from tensord.generate.kv_storage import KVStorage
 
 
@@ -74,22 +74,6 @@ class StepLogits(Mapping[str, np.ndarray]):
 
 
 @dataclass(slots=True)
-class _DecodeView:
-    """The persistent past of the decoding batch."""
-
-    request_ids: list[str]
-    lengths: list[int]
-    """Real tokens per sequence (the next position); the longest fills the width."""
-    mask: np.ndarray
-    """[B, width] int64: 1 where the view holds a real token (the last lengths[b] columns)."""
-    past: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-
-    @property
-    def width(self) -> int:
-        return int(self.mask.shape[1])
-
-
-@dataclass(slots=True)
 class PassStats:
     """Model passes run so far and the sequences they carried (shown by Info)."""
 
@@ -128,7 +112,9 @@ class ModelRunner:
         self._present_names = [
             name for i in range(num_layers) for name in (f"present.{i}.key", f"present.{i}.value")
         ]
-        self._views: dict[frozenset[str], _DecodeView] = {}
+        self._views: dict[frozenset[str], DecodeView] = {}
+        """Last step's decode views: the padded layout's one under _PADDED, the others under
+        their request ids."""
         self._before_run: Callable[[], None] | None = None
 
     def execute(
@@ -145,7 +131,7 @@ class ModelRunner:
         for item in items:
             (decodes if _is_decode(item) else prefills).append(item)
         parts = [self._prefill(group) for group in self._passes(prefills)]
-        views: dict[frozenset[str], _DecodeView] = {}
+        views: dict[frozenset[str], DecodeView] = {}
         parts.extend(self._decode(group, views) for group in self._passes(decodes))
         self._views = views
         if len(parts) == 1:
@@ -176,21 +162,20 @@ class ModelRunner:
         ids: np.ndarray,
         mask: np.ndarray,
         positions: np.ndarray,
-        past: Sequence[tuple[np.ndarray, np.ndarray]],
-    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        past: Sequence[np.ndarray],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         feeds: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": mask}
         if self._has_positions:
             feeds["position_ids"] = positions
-        for i, (k, v) in enumerate(past):
-            feeds[f"past_key_values.{i}.key"] = k
-            feeds[f"past_key_values.{i}.value"] = v
+        for i in range(self._layers):
+            feeds[f"past_key_values.{i}.key"] = past[2 * i]
+            feeds[f"past_key_values.{i}.value"] = past[2 * i + 1]
         if self._before_run is not None:
             before, self._before_run = self._before_run, None
             before()
         self.stats.count(len(ids))
         out = self._run_model(feeds, ["logits", *self._present_names])
-        present = [(out[1 + 2 * i], out[2 + 2 * i]) for i in range(self._layers)]
-        return out[0], present
+        return out[0], out[1:]
 
     def _prefill(self, items: Sequence[StepItem]) -> StepLogits:
         b = len(items)
@@ -214,80 +199,35 @@ class ModelRunner:
         return StepLogits([items[row].request_id for row in wanted], logits[wanted, last])
 
     def _decode(
-        self, items: Sequence[StepItem], views: dict[frozenset[str], _DecodeView]
+        self, items: Sequence[StepItem], views: dict[frozenset[str], DecodeView]
     ) -> StepLogits:
-        """One decode pass; its next view goes into `views` under the pass's request ids.
-        The pass's rows follow the view's order (the logits say whose row is whose)."""
+        """One decode pass over a view of the items' pasts (rows in the view's order, free
+        rows fed a masked pad token); the next view goes into `views`."""
         by_id = {i.request_id: i for i in items}
-        key = frozenset(by_id)
+        key = _PADDED if self.layout is BatchLayout.PADDED else frozenset(by_id)
         view = self._views.get(key)
-        if view is None or any(
-            by_id[r].start != n for r, n in zip(view.request_ids, view.lengths, strict=True)
-        ):
-            view = self._assemble(items)
-        ordered = [by_id[r] for r in view.request_ids]
-        b = len(ordered)
-        ids = np.array([[i.token_ids[0]] for i in ordered], np.int64)
+        if view is not None:
+            view = patch(view, by_id, self.storage, free_rows=key is _PADDED)
+        if view is None:
+            view = assemble(items, self._views.values(), self.storage)
+        active = view.active()
+        ordered = [by_id[view.request_ids[r]] for r in active]  # type: ignore[index]
+        b = len(view.request_ids)
+        ids = np.full((b, 1), self._pad, np.int64)
+        ids[active, 0] = [i.token_ids[0] for i in ordered]
         mask = np.concatenate([view.mask, np.ones((b, 1), np.int64)], axis=1)
-        positions = np.array([[n] for n in view.lengths], np.int64)
+        positions = np.array(view.lengths, np.int64)[:, None]
         logits, present = self._run(ids, mask, positions, view.past)
+        starts = [view.lengths[r] for r in active]
         tables = [i.block_table for i in ordered]
-        self.storage.scatter(tables, view.lengths, [1] * b, present, view.width)
-        views[key] = _DecodeView(view.request_ids, [n + 1 for n in view.lengths], mask, present)
-        return StepLogits(view.request_ids, logits[:, 0])
-
-    def _assemble(self, items: Sequence[StepItem]) -> _DecodeView:
-        """A decode view for a new membership: rows of sequences that decoded last step
-        are copied from that step's view (one vectorised take per tensor), the others are
-        gathered from the pool; kept rows first, in their old order."""
-        found: dict[str, tuple[_DecodeView, int]] = {}
-        for old in self._views.values():
-            for row, rid in enumerate(old.request_ids):
-                found[rid] = (old, row)
-        kept: dict[int, tuple[_DecodeView, list[StepItem], list[int]]] = {}
-        fresh: list[StepItem] = []
-        for item in items:
-            source = found.get(item.request_id)
-            if source is not None and source[0].lengths[source[1]] == item.start:
-                group = kept.setdefault(id(source[0]), (source[0], [], []))
-                group[1].append(item)
-                group[2].append(source[1])
-            else:
-                fresh.append(item)
-        ordered = [i for _, members, _ in kept.values() for i in members] + fresh
-        lengths = [i.start for i in ordered]
-        width = max(lengths)
-        tensors = 2 * self._layers
-        out = [self._empty_like_past(len(ordered), width) for _ in range(tensors)]
-        start = 0
-        for old, _, rows in kept.values():
-            index = np.array(rows, np.intp)
-            for j in range(tensors):
-                src = old.past[j // 2][j % 2]
-                _copy_rows(src, index, out[j][start : start + len(rows)])
-            start += len(rows)
-        if fresh:
-            gathered = self.storage.gather(
-                [i.block_table for i in fresh], [i.start for i in fresh], width
-            )
-            for j in range(tensors):
-                out[j][start:] = gathered[j // 2][j % 2]
-        mask = (np.arange(width)[None, :] >= width - np.array(lengths)[:, None]).astype(np.int64)
-        past = [(out[2 * k], out[2 * k + 1]) for k in range(self._layers)]
-        return _DecodeView([i.request_id for i in ordered], lengths, mask, past)
-
-    def _empty_like_past(self, batch: int, width: int) -> np.ndarray:
-        shape = self.storage.shape
-        return np.empty((batch, shape.kv_heads, width, shape.head_dim), shape.dtype)
+        self.storage.scatter(tables, starts, [1] * len(active), present, view.width, rows=active)
+        lengths = [
+            n + 1 if rid is not None else 0
+            for rid, n in zip(view.request_ids, view.lengths, strict=True)
+        ]
+        views[key] = DecodeView(list(view.request_ids), lengths, mask, present)
+        return StepLogits([i.request_id for i in ordered], logits[active, 0])
 
 
-def _copy_rows(src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
-    """out[r] = src[rows[r]], right-aligned: the last columns of each kept; zeros before
-    when `out` is wider (a longer newcomer joined). Columns left of a sequence's tokens
-    are zero in every view (padding is fed as zeros and ONNX Runtime copies it)."""
-    width, have = out.shape[2], src.shape[2]
-    if width <= have:
-        np.take(src[:, :, have - width :], rows, axis=0, out=out)
-    else:
-        out[:, :, : width - have] = 0
-        out[:, :, width - have :] = src[rows]
+_PADDED: frozenset[str] = frozenset({"\0padded"})
+"""The key of the padded layout's single decode view."""

@@ -8,6 +8,11 @@ import numpy as np
 from tensord.generate.kv_storage import KVShape, KVStorage
 
 
+def _flat(pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """[(keys 0, values 0), ...] as the storage takes them: [keys 0, values 0, keys 1, ...]."""
+    return [array for pair in pairs for array in pair]
+
+
 def _storage() -> KVStorage:
     return KVStorage(KVShape(2, 2, 3, np.dtype(np.float32)), num_blocks=8, block_size=4)
 
@@ -25,7 +30,7 @@ def test_scatter_then_gather_round_trip() -> None:
         )
         for _ in range(2)
     ]
-    storage.scatter(tables, [0, 0], lengths, new, offset=2)
+    storage.scatter(tables, [0, 0], lengths, _flat(new), offset=2)
     # Position 5 of sequence 0 lives in block 2 (its second block), slot 1.
     k0 = storage.layers[0][0]
     assert np.array_equal(k0[2, :, 1, :], new[0][0][0, :, 2 + 5, :])
@@ -34,20 +39,20 @@ def test_scatter_then_gather_round_trip() -> None:
     past = storage.gather(tables, lengths, width=11)
     for layer in range(2):
         for which in range(2):
-            got = past[layer][which]
+            got = past[2 * layer + which]
             assert got.shape == (2, 2, 11, 3) and got.flags.c_contiguous
             assert np.array_equal(got[0, :, 1:], new[layer][which][0, :, 2:12])
             assert np.array_equal(got[1, :, 8:], new[layer][which][1, :, 2:5])
             assert not got[0, :, :1].any() and not got[1, :, :8].any()
     # Sequences that fill the width take the one-copy path; the same bytes.
     full = storage.gather([tables[0]], [10], width=10)
-    assert np.array_equal(full[1][0][0], new[1][0][0, :, 2:12])
+    assert np.array_equal(full[2][0], new[1][0][0, :, 2:12])
 
 
 def test_scatter_appends_one_position() -> None:
     storage = _storage()
     step = [(np.full((1, 2, 5, 3), 7, np.float32), np.full((1, 2, 5, 3), 8, np.float32))] * 2
-    storage.scatter([[3, 6]], [4], [1], step, offset=4)  # position 4: block 6, slot 0
+    storage.scatter([[3, 6]], [4], [1], _flat(step), offset=4)  # position 4: block 6, slot 0
     assert (storage.layers[1][0][6, :, 0] == 7).all() and (storage.layers[1][1][6, :, 0] == 8).all()
     assert storage.layers[1][0][6, :, 1:].sum() == 0 and storage.layers[1][0][3].sum() == 0
     assert storage.nbytes == 2 * 2 * 8 * 2 * 4 * 3 * 4
@@ -69,7 +74,7 @@ def test_storage_agrees_with_the_kernel_twins() -> None:
         )
         for _ in range(2)
     ]
-    storage.scatter(tables, starts, counts, new, offset=1)
+    storage.scatter(tables, starts, counts, _flat(new), offset=1)
     twin_pools = [(np.zeros_like(k), np.zeros_like(v)) for k, v in storage.layers]
     tables32 = np.array(tables, np.int32)
     for (k_pool, v_pool), (k_new, v_new) in zip(twin_pools, new, strict=True):
@@ -88,7 +93,7 @@ def test_storage_agrees_with_the_kernel_twins() -> None:
     for layer, (k_pool, _) in enumerate(storage.layers):
         out = np.full((2, 2, 12, 3), np.nan, np.float32)
         kv_gather(k_pool, tables32, np.array(lengths, np.int32), out)
-        assert np.array_equal(gathered[layer][0], out)
+        assert np.array_equal(gathered[2 * layer], out)
 
 
 def test_batched_decode_scatter_agrees_with_the_twin() -> None:
@@ -107,7 +112,7 @@ def test_batched_decode_scatter_agrees_with_the_twin() -> None:
         )
         for _ in range(2)
     ]
-    storage.scatter(tables, starts, [1, 1, 1], new, offset=6)
+    storage.scatter(tables, starts, [1, 1, 1], _flat(new), offset=6)
     padded = np.array([t + [-1] * (3 - len(t)) for t in tables], np.int32)
     for (k, v), (k_new, v_new) in zip(storage.layers, new, strict=True):
         for pool, fresh in ((k, k_new), (v, v_new)):
