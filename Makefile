@@ -20,7 +20,7 @@ help:
 	@echo "make setup      virtualenv with the CPU dependency set (onnxruntime)"
 	@echo "make setup-gpu  virtualenv with the GPU dependency set (onnxruntime-gpu)"
 	@echo "make proto      regenerate the Python stubs from protos/"
-	@echo "make bench      run the Predict (batching off, then on) and Generate benchmarks and the soak run (writes benchmarks/results/)"
+	@echo "make bench      run the Predict (batching off, then on) and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
 	@echo "make lint       ruff and mypy"
@@ -103,10 +103,11 @@ test-packages:
 test: $(SETUP_STAMP) $(VENV)/.setup-export npm-deps systemd-tools test-packages
 	$(PY) -m pytest $(ARGS)
 
-bench: $(SETUP_STAMP) demo
+bench: $(SETUP_STAMP) $(VENV)/.setup-export demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)
 	$(PY) benchmarks/predict_bench.py --batching $(ARGS)
 	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
+	$(PY) benchmarks/generate_hf_bench.py $(GENERATE_HF_ARGS)
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
 
 bench-soak: $(SETUP_STAMP) demo

@@ -7,8 +7,8 @@ outputs  logits float32 [B, T, V], present.{i}.key / .value float32 [B, H_kv, P+
 Per layer: RMSNorm, grouped-query attention with rotary position embeddings (the rotate-half
 convention of Hugging Face's Llama), RMSNorm, SwiGLU MLP, both with residuals. Query t of
 the new tokens sits at key column P+t: it sees key column j when j <= P+t and
-attention_mask[b, j] == 1, so a right-padded past (mask zeros) and a prefill of several
-tokens after a past are both exact. Weights use Hugging Face's names and [out, in] layout.
+attention_mask[b, j] == 1, so a padded past (mask zeros) and a prefill of several tokens
+after a past are both exact. Weights use Hugging Face's names and [out, in] layout.
 """
 
 from __future__ import annotations
