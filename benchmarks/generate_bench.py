@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -33,14 +32,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import grpc
 import onnxruntime as ort
 import use_venv
 from cpustat import MachineCpu
 from generate_limit import greedy_with_past, make_session, sample_prompts
-from machine import machine_info
+from machine import write_results
 from procs import ProcessGroup, exit_on_signals
 from servers import start_tensord
 from stats import percentile
@@ -342,29 +340,28 @@ def main(argv: list[str] | None = None) -> int:
     sequential = _summarise(1, 16, sequential_windows) if sequential_windows else None
     gain = statistics.median(gains) if gains else None
     print(_render(points, sequential, gain))
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"generate-{started:%Y%m%d-%H%M%S}.json"
-    result: dict[str, Any] = {
-        "schema": 1,
-        "started_at": started.isoformat(timespec="seconds"),
-        "machine": machine_info(REPO),
-        "settings": {
-            "streams": counts,
-            "requests_per_stream": requests or "auto",
-            "rounds": rounds,
-            "prompt_len": args.prompt_len,
-            "new_tokens": args.new_tokens,
-            "targets": TARGETS,
-            "batching_gain_target": BATCHING_GAIN_TARGET,
-            "intra_op_threads": threads,
+    write_results(
+        REPO,
+        args.results_dir,
+        "generate",
+        started,
+        {
+            "settings": {
+                "streams": counts,
+                "requests_per_stream": requests or "auto",
+                "rounds": rounds,
+                "prompt_len": args.prompt_len,
+                "new_tokens": args.new_tokens,
+                "targets": TARGETS,
+                "batching_gain_target": BATCHING_GAIN_TARGET,
+                "intra_op_threads": threads,
+            },
+            "points": [asdict(p) for p in points],
+            "sequential_16": asdict(sequential) if sequential else None,
+            "batching_gain_16": gain,
+            "batching_gains_16": gains,
         },
-        "points": [asdict(p) for p in points],
-        "sequential_16": asdict(sequential) if sequential else None,
-        "batching_gain_16": gain,
-        "batching_gains_16": gains,
-    }
-    out.write_text(json.dumps(result, indent=1))
-    print(f"results: {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+    )
     return 0
 
 

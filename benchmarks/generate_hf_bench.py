@@ -40,13 +40,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import use_venv
 from generate_bench import _wait_ready
 from generate_limit import greedy_continuous, greedy_with_past, make_session, sample_prompts
 from hf_llama import ROOT, genai_llama, optimum_llama
-from machine import machine_info
+from machine import write_results
 from procs import BENCH_DIR, ProcessGroup, exit_on_signals
 from servers import start_tensord
 
@@ -237,27 +236,26 @@ def main(argv: list[str] | None = None) -> int:
             points.append(point)
         procs.stop_all()
     print(_render(points, modes))
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"generate-hf-{started:%Y%m%d-%H%M%S}.json"
-    result: dict[str, Any] = {
-        "schema": 1,
-        "started_at": started.isoformat(timespec="seconds"),
-        "machine": machine_info(REPO),
-        "model": str(ROOT),
-        "settings": {
-            "streams": counts,
-            "rounds": rounds,
-            "prompt_len": args.prompt_len,
-            "new_tokens": args.new_tokens,
-            "window_s": window,
-            "intra_op_threads": threads,
-            "batch_layout": args.batch_layout,
-            "targets": TARGETS,
+    write_results(
+        REPO,
+        args.results_dir,
+        "generate-hf",
+        started,
+        {
+            "model": str(ROOT),
+            "settings": {
+                "streams": counts,
+                "rounds": rounds,
+                "prompt_len": args.prompt_len,
+                "new_tokens": args.new_tokens,
+                "window_s": window,
+                "intra_op_threads": threads,
+                "batch_layout": args.batch_layout,
+                "targets": TARGETS,
+            },
+            "points": [asdict(p) for p in points],
         },
-        "points": [asdict(p) for p in points],
-    }
-    out.write_text(json.dumps(result, indent=1))
-    print(f"results: {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+    )
     return 0
 
 

@@ -5,10 +5,12 @@ Recorded in every results file so two runs can be compared only when they should
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 import sys
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -65,3 +67,21 @@ def machine_info(repo: Path) -> dict[str, Any]:
         "packages": {name: _version(name) for name in _PACKAGES},
         "git": git_state(repo),
     }
+
+
+def write_results(
+    repo: Path, directory: Path, stem: str, started: datetime, body: dict[str, Any]
+) -> Path:
+    """Write `body` with the schema, start time and machine to directory/<stem>-<time>.json;
+    print and return the path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / f"{stem}-{started:%Y%m%d-%H%M%S}.json"
+    result = {
+        "schema": 1,
+        "started_at": started.isoformat(timespec="seconds"),
+        "machine": machine_info(repo),
+        **body,
+    }
+    out.write_text(json.dumps(result, indent=1))
+    print(f"results: {out.relative_to(repo) if out.is_relative_to(repo) else out}")
+    return out

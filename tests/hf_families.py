@@ -33,6 +33,18 @@ _LLAMA_LIKE = {
 }
 
 
+_GPTJ_LIKE = {
+    "vocab_size": VOCAB,
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "rotary_dim": 8,
+    "n_positions": 256,
+    "initializer_range": 0.2,
+    **_TOKENS,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Family:
     """One architecture: its transformers config class name and the arguments."""
@@ -103,35 +115,8 @@ FAMILIES: dict[str, Family] = {
                 **_TOKENS,
             },
         ),
-        Family(
-            "gptj",
-            "GPTJConfig",
-            {
-                "vocab_size": VOCAB,
-                "n_embd": 64,
-                "n_layer": 2,
-                "n_head": 4,
-                "rotary_dim": 8,
-                "n_positions": 256,
-                "initializer_range": 0.2,
-                **_TOKENS,
-            },
-        ),
-        Family(
-            "codegen",
-            "CodeGenConfig",
-            {
-                "vocab_size": VOCAB,
-                "n_embd": 64,
-                "n_layer": 2,
-                "n_head": 4,
-                "rotary_dim": 8,
-                "n_positions": 256,
-                "n_ctx": 256,
-                "initializer_range": 0.2,
-                **_TOKENS,
-            },
-        ),
+        Family("gptj", "GPTJConfig", _GPTJ_LIKE),
+        Family("codegen", "CodeGenConfig", {**_GPTJ_LIKE, "n_ctx": 256}),
         Family(
             "gpt_neo",
             "GPTNeoConfig",

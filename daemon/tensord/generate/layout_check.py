@@ -105,6 +105,26 @@ def _equal_off(probe: _Probe, prefill: np.ndarray, decode: np.ndarray) -> float:
     return max(_difference(first, prefill), _difference(step, decode))
 
 
+_CHECKS = (
+    (
+        BatchLayout.PADDED,
+        _padded_off,
+        BatchLayout.EQUAL_LENGTH,
+        "a sequence beside a longer one (padded past) gave logits {off:.2g} of their scale "
+        "away from the sequence alone: only sequences whose pasts have the same length share "
+        "a pass",
+    ),
+    (
+        BatchLayout.EQUAL_LENGTH,
+        _equal_off,
+        BatchLayout.SINGLE,
+        "a sequence beside another of the same length gave logits {off:.2g} of their scale "
+        "away from the sequence alone: one sequence per pass",
+    ),
+)
+"""Each layout's check, the layout to try when it disagrees, and the reason then."""
+
+
 def _probe(runner: ModelRunner, vocab_size: int, half: bool) -> _Probe | None:
     """Tokens and block tables for the checks; None when the pool is too small for them."""
     storage = runner.storage
@@ -134,28 +154,14 @@ def check_layout(
     prefill, decode = _alone(probe)
     runner.layout = original
     layout, reason = choice.layout, choice.reason
-    if layout is BatchLayout.PADDED:
-        runner.layout = BatchLayout.PADDED
-        off = _padded_off(probe, prefill, decode)
+    for checked, measure, fallback, failed in _CHECKS:
+        if layout is not checked:
+            continue
+        runner.layout = checked
+        off = measure(probe, prefill, decode)
         if off > probe.tolerance:
-            layout = BatchLayout.EQUAL_LENGTH
-            reason = (
-                f"a sequence beside a longer one (padded past) gave logits {off:.2g} of their "
-                "scale away from the sequence alone: only sequences whose pasts have the "
-                "same length share a pass"
-            )
-        else:
-            reason += f" (checked at load: as alone within {off:.1g})"
-    if layout is BatchLayout.EQUAL_LENGTH:
-        runner.layout = BatchLayout.EQUAL_LENGTH
-        off = _equal_off(probe, prefill, decode)
-        if off > probe.tolerance:
-            layout = BatchLayout.SINGLE
-            reason = (
-                f"a sequence beside another of the same length gave logits {off:.2g} of "
-                "their scale away from the sequence alone: one sequence per pass"
-            )
-        elif choice.layout is BatchLayout.EQUAL_LENGTH:
+            layout, reason = fallback, failed.format(off=off)
+        elif layout is choice.layout:
             reason += f" (checked at load: as alone within {off:.1g})"
     runner.layout = layout
     return LayoutChoice(layout, reason)
