@@ -163,7 +163,9 @@ class ModelRunner:
         mask: np.ndarray,
         positions: np.ndarray,
         past: Sequence[np.ndarray],
+        sequences: int | None = None,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One model pass; `sequences` counts the rows that hold one (all by default)."""
         feeds: dict[str, np.ndarray] = {"input_ids": ids, "attention_mask": mask}
         if self._has_positions:
             feeds["position_ids"] = positions
@@ -173,7 +175,7 @@ class ModelRunner:
         if self._before_run is not None:
             before, self._before_run = self._before_run, None
             before()
-        self.stats.count(len(ids))
+        self.stats.count(len(ids) if sequences is None else sequences)
         out = self._run_model(feeds, ["logits", *self._present_names])
         return out[0], out[1:]
 
@@ -217,7 +219,7 @@ class ModelRunner:
         ids[active, 0] = [i.token_ids[0] for i in ordered]
         mask = np.concatenate([view.mask, np.ones((b, 1), np.int64)], axis=1)
         positions = np.array(view.lengths, np.int64)[:, None]
-        logits, present = self._run(ids, mask, positions, view.past)
+        logits, present = self._run(ids, mask, positions, view.past, len(active))
         starts = [view.lengths[r] for r in active]
         tables = [i.block_table for i in ordered]
         self.storage.scatter(tables, starts, [1] * len(active), present, view.width, rows=active)
