@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 
@@ -83,13 +83,20 @@ def encode_cost(array: np.ndarray, *, contents: bool) -> int:
     return array.size if contents or array.dtype == object else 0
 
 
+_TENSOR_STEPS = 256
+"""What decoding one tensor costs beside its elements (its checks and wrapper objects), in
+element steps: many small tensors cost the event loop as much as a few large ones."""
+
+
 def decode_cost(tensor: pb.Tensor) -> int:
-    """Roughly how many Python-level element steps decoding `tensor` takes: raw numeric
-    data wraps without a loop (0); strings and typed contents walk every element."""
+    """Roughly how many Python-level element steps decoding `tensor` takes: a fixed cost per
+    tensor, plus every element of strings and typed contents (raw numeric data wraps
+    without a loop)."""
     if tensor.WhichOneof("data") == "raw_data":
-        return len(tensor.raw_data) // 4 if tensor.dtype == pb.DATA_TYPE_STRING else 0
+        strings = len(tensor.raw_data) // 4 if tensor.dtype == pb.DATA_TYPE_STRING else 0
+        return _TENSOR_STEPS + strings
     contents = tensor.contents
-    return sum(len(getattr(contents, field)) for field in _CONTENTS_FIELDS)
+    return _TENSOR_STEPS + sum(len(getattr(contents, field)) for field in _CONTENTS_FIELDS)
 
 
 def pb_dtype(dtype: DType) -> pb.DataType:
@@ -244,7 +251,7 @@ def _decode_contents(
         out[:] = [_text(v, i, label) for i, v in enumerate(values)]
         return out.reshape(shape)
     if field == "int_values":
-        wide = np.array(values, dtype=np.int64)
+        wide = _numbers(values, np.dtype(np.int64))
         info = np.iinfo(dtype.numpy)
         bad = np.flatnonzero((wide < info.min) | (wide > info.max))
         if bad.size:
@@ -254,7 +261,23 @@ def _decode_contents(
                 f"{dtype_name(dtype)} [{info.min}, {info.max}]"
             )
         return wide.astype(dtype.numpy).reshape(shape)
-    return np.array(values, dtype=dtype.numpy).reshape(shape)
+    return _numbers(values, dtype.numpy).reshape(shape)
+
+
+_CHUNK = 65_536
+"""Elements converted per call between protobuf's repeated fields and NumPy. One call holds
+the interpreter lock throughout; in chunks, a worker thread converting millions of values
+lets the event loop run between them."""
+
+
+def _numbers(values: Sequence[Any], dtype: np.dtype) -> np.ndarray:
+    """A repeated number field as an array, converted chunk by chunk."""
+    if len(values) <= _CHUNK:
+        return np.array(values, dtype=dtype)
+    out = np.empty(len(values), dtype=dtype)
+    for start in range(0, len(values), _CHUNK):
+        out[start : start + _CHUNK] = values[start : start + _CHUNK]
+    return out
 
 
 def encode_tensor(name: str, array: np.ndarray, *, contents: bool = False) -> pb.Tensor:
@@ -290,10 +313,11 @@ def _fill_contents(contents: pb.TensorContents, array: np.ndarray, dtype: DType)
     field = getattr(contents, CONTENTS_FIELD[dtype])
     if dtype is DType.STRING:
         field.extend(_as_bytes(v) for v in flat)
-    elif dtype in (DType.FLOAT16, DType.BFLOAT16):
-        field.extend(flat.astype(np.float32).tolist())
     else:
-        field.extend(flat.tolist())
+        if dtype in (DType.FLOAT16, DType.BFLOAT16):
+            flat = flat.astype(np.float32)
+        for start in range(0, flat.size, _CHUNK):  # see _CHUNK
+            field.extend(flat[start : start + _CHUNK].tolist())
 
 
 def encode_raw_strings(values: Sequence[object] | np.ndarray) -> bytes:

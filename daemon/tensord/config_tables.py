@@ -102,6 +102,19 @@ class LimitsSettings(BaseModel):
     max_generate_streams: int = Field(default=0, ge=0)
     """Generate streams in progress at once across the daemon; more get RESOURCE_EXHAUSTED
     at once. 0: no limit beyond the engine's own."""
+    max_tensors_per_request: int = Field(default=256, ge=1, le=1_000_000)
+    """Input tensors (and output names) one Predict request may hold; more get
+    INVALID_ARGUMENT before the request is parsed."""
+    max_request_fields: int = Field(default=65_536, ge=256, le=100_000_000)
+    """Protobuf fields one request may hold, counted before it is parsed (a repeated number
+    field sent packed, as every proto3 library sends it, is one field); more get
+    RESOURCE_EXHAUSTED. Bounds what parsing one request costs the event loop."""
+    max_request_bytes_in_flight: int = Field(default=1024 * 1024 * 1024, ge=0, le=2**62)
+    """Bytes of request messages held by calls in progress at once; a request that would
+    pass it gets RESOURCE_EXHAUSTED (retry shortly). 0: no limit."""
+    receive_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    """How long a call may take to deliver its request message once it has started; then
+    DEADLINE_EXCEEDED. A call that ends without a message gets INVALID_ARGUMENT."""
 
 
 class MetricsSettings(BaseModel):

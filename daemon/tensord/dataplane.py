@@ -20,6 +20,7 @@ from tensord.errors import (
     DeviceLostError,
     FailedPreconditionError,
     InvalidArgumentError,
+    TensordError,
     UnavailableError,
 )
 from tensord.eventloop import running_loop_name
@@ -67,6 +68,9 @@ class GenerateCall:
     sampling: SamplingParams
     deadline: float | None
 
+
+NOT_SERVING = "the server is starting or draining; retry shortly"
+"""What a call gets while the server does not serve (UNAVAILABLE: clients retry)."""
 
 # Prompts longer than this are tokenised on a worker thread, not on the event loop.
 _INLINE_TOKENIZE_CHARS = 2048
@@ -195,6 +199,38 @@ class DataPlane:
                 self.on_device_lost(exc)
                 raise
 
+    def check_prompt_size(
+        self, model: str, version: int, prompt_bytes: int, token_ids: int
+    ) -> None:
+        """Before a Generate request is parsed: INVALID_ARGUMENT when its prompt certainly
+        has more tokens than the model admits (token ids counted; a text of more bytes than
+        that many of the vocabulary's longest tokens), so it is never tokenised or
+        converted. Other problems are left to generate()."""
+        try:
+            entry = self.registry.get(model, version)
+        except TensordError:
+            return
+        engine = entry.engine
+        if engine is None:
+            return
+        context = engine.limits.max_model_len
+        if token_ids:
+            check_prompt_tokens(entry.name, token_ids, self.max_prompt_tokens, context)
+        widest = engine.directory.max_token_bytes
+        fewest = -(-prompt_bytes // widest)  # the fewest tokens a text that long can be
+        limit = min(context - 1, self.max_prompt_tokens or context)
+        if fewest > limit:
+            setting = (
+                "[limits] max_prompt_tokens"
+                if self.max_prompt_tokens and self.max_prompt_tokens < context
+                else f"the model's context of {context} tokens"
+            )
+            raise InvalidArgumentError(
+                f"the prompt takes {prompt_bytes} bytes, so it has at least {fewest} tokens "
+                f"(no token of model {entry.name!r} stands for more than {widest} bytes): more "
+                f"than the {limit} a prompt may have ({setting}); shorten it"
+            )
+
     def health(self, model: str = "") -> HealthReport:
         """Serving state and every version, or one model's versions (NOT_FOUND if unknown)."""
         if model:
@@ -231,4 +267,4 @@ class DataPlane:
 
     def _check_serving(self) -> None:
         if not self.serving:
-            raise UnavailableError("the server is starting or draining; retry shortly")
+            raise UnavailableError(NOT_SERVING)

@@ -139,6 +139,9 @@ class GeneratorDirectory:
 
     spec: GeneratorSpec
     tokenizer: Tokenizer
+    max_token_bytes: int = 1
+    """The most UTF-8 bytes any token's text takes (added tokens included), as the
+    vocabulary writes it: a prompt of B bytes has at least B / max_token_bytes tokens."""
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids for a text prompt: the tokenizer's own ids, after BOS when the model
@@ -302,7 +305,15 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
         notes=tuple(notes),
         **shape,
     )
-    return GeneratorDirectory(spec, tokenizer)
+    return GeneratorDirectory(spec, tokenizer, _max_token_bytes(tokenizer))
+
+
+def _max_token_bytes(tokenizer: Tokenizer) -> int:
+    """The longest token text in UTF-8 bytes. Byte-level vocabularies write each byte as a
+    character of one or two bytes, SentencePiece writes a space as three: never less than
+    the text a token stands for."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return max((len(token.encode()) for token in vocab), default=1) or 1
 
 
 def read_generator_spec(directory: Path, model_file: str = MODEL_FILE) -> GeneratorSpec:

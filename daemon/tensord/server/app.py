@@ -108,9 +108,13 @@ class TensordServer:
             interceptors=self.security.interceptors, options=transport_options(config.server)
         )
         servicer = InferenceServicer(
-            self.dataplane, self.observability.observer, config.server.max_send_message_bytes
+            self.dataplane,
+            self.observability.observer,
+            config.server.max_send_message_bytes,
+            config.limits,
         )
         self._calls = servicer.calls
+        self._intake = servicer.intake
         add_servicer(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(
@@ -255,6 +259,7 @@ class TensordServer:
         self._stop_requested.set()
         self.notifier.stopping(f"draining: in-flight calls get {grace:g} s")
         self.dataplane.serving = False
+        self._intake.close()  # calls still waiting for their message must not hold the drain
         if self.watchdog is not None:
             await self.watchdog.stop()
         await self.health.enter_graceful_shutdown()
@@ -302,6 +307,7 @@ class TensordServer:
 
     def _apply_limits(self, config: TensordConfig) -> None:
         self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens
+        self._intake.limits = config.limits
 
     async def _end_streams(self) -> None:
         error = UnavailableError(

@@ -12,13 +12,14 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeAlias, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 import structlog
-from google.protobuf.message import DecodeError
 
-from tensord.errors import InvalidArgumentError, TensordError
+from tensord.errors import TensordError
+from tensord.server.intake import Intake, Look
 from tensord.server.status import error_trailers
 from tensord.server.watchdog import is_probe
 
@@ -43,7 +44,6 @@ _CLIENT_CODES = frozenset(
     }
 )
 
-Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -187,82 +187,89 @@ def _drop_tracebacks(exc: BaseException | None) -> None:
         exc = exc.__cause__ or exc.__context__
 
 
-class MalformedRequest:
-    """What the lenient deserializer returns for bytes that are not the request message:
-    the call then ends INVALID_ARGUMENT (gRPC's own deserializer failure is UNKNOWN)."""
+class Admission(Protocol):
+    """What the RPC decorators need of a servicer: its calls in flight, its intake, and the
+    checks a request's bytes must pass before they are parsed."""
 
-    __slots__ = ("error", "type_name")
+    calls: CallsInFlight
+    intake: Intake
 
-    def __init__(self, type_name: str, error: Exception) -> None:
-        self.type_name = type_name
-        self.error = error
-
-    def as_error(self) -> InvalidArgumentError:
-        """The status the caller gets."""
-        return InvalidArgumentError(
-            f"the request is not a valid {self.type_name} message ({self.error}); check the "
-            "client's stubs against the server's contract (tensord.v1)"
-        )
+    def check_look(self, rpc: str, look: Look) -> None: ...
 
 
-def lenient_parser(message_type: Any) -> Callable[[bytes], Any]:
-    """A request deserializer that returns MalformedRequest instead of raising."""
-    name = message_type.DESCRIPTOR.full_name
+async def _admit(servicer: Admission, rpc: str, raw: bytes, message_type: Any, held: Any) -> Any:
+    """The parsed request, once its bytes passed the intake's look and the servicer's
+    checks (authorization, the model's limits); `held` is the call's stand-in for logs and
+    metrics until then (it takes the looked-at model name)."""
+    look = servicer.intake.look(rpc, raw, message_type.DESCRIPTOR.full_name)
+    held.model = look.model
+    servicer.check_look(rpc, look)
+    return await servicer.intake.parse(message_type, raw)
 
-    def parse(data: bytes) -> Any:
-        try:
-            return message_type.FromString(data)
-        except DecodeError as exc:
-            return MalformedRequest(name, exc)
 
-    return parse
+@dataclass(slots=True)
+class _Held:
+    """A call before its request is parsed: what logs and metrics need of it."""
+
+    model: str = ""
 
 
 def unary_rpc(
-    method: Callable[[Any, Req, Ctx, str], Awaitable[Resp]],
-) -> Callable[[Any, Req, Ctx], Awaitable[Resp]]:
-    """Wrap a unary handler `(self, request, context, request_id) -> response`."""
-    rpc = method.__name__
+    message_type: Any,
+) -> Callable[[Callable[[Any, Any, Ctx, str], Awaitable[Any]]], Any]:
+    """Wrap a unary handler `(self, request, context, request_id) -> response`, served as
+    request-streaming with raw bytes (intake.py): the message is received, bounded and
+    parsed here."""
 
-    @functools.wraps(method)
-    async def handler(self: Any, request: Req, context: Ctx) -> Resp:
-        start = time.perf_counter()
-        rid = request_id(context)
-        context.set_trailing_metadata(((REQUEST_ID, rid),))
-        with self.calls:
+    def wrap(method: Callable[[Any, Any, Ctx, str], Awaitable[Resp]]) -> Any:
+        rpc = method.__name__
+
+        @functools.wraps(method)
+        async def handler(self: Any, request_iterator: Any, context: Ctx) -> Resp:
+            start = time.perf_counter()
+            rid = request_id(context)
+            context.set_trailing_metadata(((REQUEST_ID, rid),))
+            request: Any = _Held()
             try:
-                if isinstance(request, MalformedRequest):
-                    raise request.as_error()
-                response = await method(self, request, context, rid)
+                raw = await self.intake.receive(context)
+                with self.intake.budget(len(raw)), self.calls:
+                    request = await _admit(self, rpc, raw, message_type, request)
+                    response = await method(self, request, context, rid)
             except asyncio.CancelledError:
                 _cancelled(self, rpc, request, start, rid, context)
                 raise
             except Exception as exc:
                 await _fail(self, request, context, rid, rpc, start, exc)
                 raise AssertionError("unreachable: abort raises") from exc
-        _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
-        return response
+            _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
+            return response
 
-    return handler
+        return handler
+
+    return wrap
 
 
 def stream_rpc(
-    method: Callable[[Any, Req, Ctx, str], AsyncIterator[Resp]],
-) -> Callable[[Any, Req, Ctx], AsyncIterator[Resp]]:
-    """Wrap a server-streaming handler; chunks already sent stay valid on failure."""
-    rpc = method.__name__
+    message_type: Any,
+) -> Callable[[Callable[[Any, Any, Ctx, str], AsyncIterator[Any]]], Any]:
+    """Wrap a server-streaming handler like unary_rpc; chunks already sent stay valid on
+    failure."""
 
-    @functools.wraps(method)
-    async def handler(self: Any, request: Req, context: Ctx) -> AsyncIterator[Resp]:
-        start = time.perf_counter()
-        rid = request_id(context)
-        context.set_trailing_metadata(((REQUEST_ID, rid),))
-        with self.calls:
+    def wrap(method: Callable[[Any, Any, Ctx, str], AsyncIterator[Resp]]) -> Any:
+        rpc = method.__name__
+
+        @functools.wraps(method)
+        async def handler(self: Any, request_iterator: Any, context: Ctx) -> AsyncIterator[Resp]:
+            start = time.perf_counter()
+            rid = request_id(context)
+            context.set_trailing_metadata(((REQUEST_ID, rid),))
+            request: Any = _Held()
             try:
-                if isinstance(request, MalformedRequest):
-                    raise request.as_error()
-                async for item in method(self, request, context, rid):
-                    yield item
+                raw = await self.intake.receive(context)
+                with self.intake.budget(len(raw)), self.calls:
+                    request = await _admit(self, rpc, raw, message_type, request)
+                    async for item in method(self, request, context, rid):
+                        yield item
             except (asyncio.CancelledError, GeneratorExit):
                 _cancelled(self, rpc, request, start, rid, context)
                 raise
@@ -271,4 +278,6 @@ def stream_rpc(
             else:
                 _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
 
-    return handler
+        return handler
+
+    return wrap

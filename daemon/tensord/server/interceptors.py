@@ -117,9 +117,14 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method != self._method:
             return handler
-        if not handler.response_streaming or handler.request_streaming:
+        if not handler.response_streaming:
             return handler
-        behavior = handler.unary_stream
+        behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if handler.request_streaming
+            else grpc.unary_stream_rpc_method_handler
+        )
 
         async def held(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             if self.active >= self.limit:
@@ -140,7 +145,7 @@ class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
             finally:
                 self.active -= 1
 
-        return grpc.unary_stream_rpc_method_handler(
+        return make(
             held,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,

@@ -10,12 +10,15 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
+from tensord.access import check_model
 from tensord.codec import decode_cost, encode_cost, encoded_size_floor
+from tensord.config_tables import LimitsSettings
 from tensord.dataplane import DataPlane, PredictResult
 from tensord.errors import ResourceExhaustedError
 from tensord.observability.observer import RequestObserver
 from tensord.server import converters
-from tensord.server.context import CallsInFlight, Ctx, lenient_parser, stream_rpc, unary_rpc
+from tensord.server.context import CallsInFlight, Ctx, stream_rpc, unary_rpc
+from tensord.server.intake import Intake, Look
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 
@@ -35,8 +38,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         dataplane: DataPlane,
         observer: RequestObserver | None = None,
         max_send_message_bytes: int = 0,
+        limits: LimitsSettings | None = None,
     ) -> None:
         self._dataplane = dataplane
+        self.intake = Intake(limits or LimitsSettings())
+        """Receives and bounds every call's request message before it is parsed."""
         self.calls = CallsInFlight()
         """Handlers running now (the RPC decorators count them; the drain waits on them)."""
         self.observer = observer
@@ -45,7 +51,17 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         """Largest reply gRPC will send (0: unchecked); larger Predict outputs are refused
         before they are encoded."""
 
-    @unary_rpc
+    def check_look(self, rpc: str, look: Look) -> None:
+        """Before a request is parsed: the caller may use the model, and a Generate prompt
+        fits the model (a longer one is never tokenised or converted)."""
+        if rpc in ("Predict", "Generate"):
+            check_model(look.model)
+        if rpc == "Generate":
+            self._dataplane.check_prompt_size(
+                look.model, look.version, look.prompt_bytes, look.token_ids
+            )
+
+    @unary_rpc(pb.PredictRequest)
     async def Predict(
         self, request: pb.PredictRequest, context: Ctx, rid: str
     ) -> pb.PredictResponse:
@@ -99,7 +115,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             )
         return steps > _INLINE_STEPS or nbytes > _INLINE_BYTES
 
-    @stream_rpc
+    @stream_rpc(pb.GenerateRequest)
     async def Generate(
         self, request: pb.GenerateRequest, context: Ctx, rid: str
     ) -> AsyncIterator[pb.GenerateResponse]:
@@ -107,32 +123,31 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         async for chunk in self._dataplane.generate(call):
             yield converters.generate_response(chunk)
 
-    @unary_rpc
+    @unary_rpc(pb.HealthRequest)
     async def Health(self, request: pb.HealthRequest, context: Ctx, rid: str) -> pb.HealthResponse:
         return converters.health_response(self._dataplane.health(request.model))
 
-    @unary_rpc
+    @unary_rpc(pb.InfoRequest)
     async def Info(self, request: pb.InfoRequest, context: Ctx, rid: str) -> pb.InfoResponse:
         return converters.info_response(self._dataplane.info())
 
 
 def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
-    """Register the servicer as the generated add_InferenceServiceServicer_to_server does,
-    but with request deserializers that turn bytes that are not the request message into
-    INVALID_ARGUMENT (gRPC's own deserializer failure answers UNKNOWN)."""
+    """Register the servicer as request-streaming methods that take the request's bytes
+    (intake.py receives, bounds and parses the one message); on the wire they are the
+    contract's unary and server-streaming methods."""
     service = pb.DESCRIPTOR.services_by_name["InferenceService"]
     handlers = {}
     for method in service.methods:
-        request_type = getattr(pb, method.input_type.name)
         response_type = getattr(pb, method.output_type.name)
         make = (
-            grpc.unary_stream_rpc_method_handler
+            grpc.stream_stream_rpc_method_handler
             if method.server_streaming
-            else grpc.unary_unary_rpc_method_handler
+            else grpc.stream_unary_rpc_method_handler
         )
         handlers[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=lenient_parser(request_type),
+            request_deserializer=None,
             response_serializer=response_type.SerializeToString,
         )
     server.add_generic_rpc_handlers(

@@ -1,0 +1,252 @@
+"""Request intake: each tensord.v1 call's message taken as bytes and bounded before parsing.
+
+gRPC would parse a unary request on the event loop before the handler runs, and parsing
+millions of tiny fields holds the interpreter lock for seconds; it would also never run a
+handler whose message does not arrive. So the servicer's methods are registered as
+request-streaming with no deserializer, and each call goes through here first:
+
+  1. receive: the one message within `[limits] receive_timeout_seconds`
+     (DEADLINE_EXCEEDED), or INVALID_ARGUMENT when the call ends without one; a drain
+     ends the calls still waiting at once (UNAVAILABLE);
+  2. budget: the bytes of requests in progress stay under `[limits]
+     max_request_bytes_in_flight` (RESOURCE_EXHAUSTED beyond);
+  3. look (wire.py): the model name and the counts that make parsing or decoding costly
+     (tensors, output names, token ids, prompt bytes, protobuf fields), stopping as soon as
+     a limit is passed;
+  4. parse, on a worker thread when the message is large.
+
+The caller checks authorization and the model's own limits between 3 and 4, so a refused
+request is never parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from tensord.config_tables import LimitsSettings
+from tensord.dataplane import NOT_SERVING
+from tensord.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+from tensord.wire import LENGTH, VARINT, WireError, count_varints, fields
+
+_PARSE_INLINE_BYTES = 256 * 1024
+"""Messages up to this size are parsed on the event loop; larger ones on a worker thread."""
+_SMALL_MESSAGE_BYTES = 64 * 1024
+"""Health and Info requests, and a Generate's sampling parameters, are never larger."""
+
+
+@dataclass(slots=True)
+class Look:
+    """What a request's bytes say before they are parsed."""
+
+    model: str = ""
+    version: int = 0
+    prompt_bytes: int = 0
+    """Generate: the text prompt's length in bytes."""
+    token_ids: int = 0
+    """Generate: how many prompt_token_ids."""
+
+
+class _Walk:
+    """Counts the fields read; RESOURCE_EXHAUSTED past the budget."""
+
+    def __init__(self, data: bytes, limits: LimitsSettings) -> None:
+        self.data = data
+        self.limits = limits
+        self.left = limits.max_request_fields
+
+    def fields(self, start: int = 0, end: int | None = None) -> Iterator[Any]:
+        for field in fields(self.data, start, end):
+            self.left -= 1
+            if self.left < 0:
+                raise ResourceExhaustedError(
+                    f"the request holds more than {self.limits.max_request_fields} protobuf "
+                    "fields ([limits] max_request_fields); send tensors as raw_data, and "
+                    "repeated numbers packed, as every proto3 library does"
+                )
+            yield field
+
+    def text(self, field: Any) -> str:
+        if field.wire_type != LENGTH:
+            raise WireError(f"field {field.number} should be length-delimited")
+        try:
+            return bytes(self.data[field.value : field.end]).decode()
+        except UnicodeDecodeError:
+            raise WireError(f"field {field.number} is not valid UTF-8") from None
+
+    def tensor_count(self, count: int, what: str) -> int:
+        """count + 1, refused past [limits] max_tensors_per_request."""
+        limit = self.limits.max_tensors_per_request
+        if count + 1 > limit:
+            raise InvalidArgumentError(
+                f"the request has more than {limit} {what}; a request takes at most {limit} "
+                "([limits] max_tensors_per_request)"
+            )
+        return count + 1
+
+    def repeated_numbers(self, field: Any) -> int:
+        """Entries of one repeated number field occurrence: 1 unpacked, or packed count."""
+        if field.wire_type == LENGTH:
+            return count_varints(self.data, field.value, field.end)
+        return 1
+
+
+def _look_predict(walk: _Walk) -> Look:
+    look = Look()
+    tensors = names = 0
+    for field in walk.fields():
+        if field.number == 1:
+            look.model = walk.text(field)
+        elif field.number == 2 and field.wire_type == VARINT:
+            look.version = field.value
+        elif field.number == 3 and field.wire_type == LENGTH:
+            tensors = walk.tensor_count(tensors, "input tensors")
+            for inner in walk.fields(field.value, field.end):  # a Tensor, and its contents
+                if inner.number == 5 and inner.wire_type == LENGTH:
+                    for _ in walk.fields(inner.value, inner.end):
+                        pass
+        elif field.number == 4:
+            names = walk.tensor_count(names, "output names")
+    return look
+
+
+def _look_generate(walk: _Walk) -> Look:
+    look = Look()
+    for field in walk.fields():
+        if field.number == 1:
+            look.model = walk.text(field)
+        elif field.number == 2 and field.wire_type == VARINT:
+            look.version = field.value
+        elif field.number == 3 and field.wire_type == LENGTH:
+            look.prompt_bytes += field.end - field.value
+        elif field.number == 4:
+            look.token_ids += walk.repeated_numbers(field)
+        elif field.number == 5 and field.wire_type == LENGTH:
+            if field.end - field.value > _SMALL_MESSAGE_BYTES:
+                raise InvalidArgumentError(
+                    f"sampling takes {field.end - field.value} bytes; sampling parameters "
+                    f"(stop strings and stop token ids included) fit in {_SMALL_MESSAGE_BYTES}"
+                )
+            for _ in walk.fields(field.value, field.end):
+                pass
+    return look
+
+
+def _look_model(walk: _Walk) -> Look:
+    look = Look()
+    for field in walk.fields():
+        if field.number == 1:
+            look.model = walk.text(field)
+    return look
+
+
+_LOOKERS = {
+    "Predict": _look_predict,
+    "Generate": _look_generate,
+    "Health": _look_model,
+    "Info": _look_model,
+}
+
+
+class Intake:
+    """Receives and bounds the request messages of one server (see the module doc)."""
+
+    def __init__(self, limits: LimitsSettings) -> None:
+        self.limits = limits
+        self.bytes_in_flight = 0
+        self._waiting: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    async def receive(self, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        """The call's one request message, as bytes."""
+        if self._closed:
+            raise UnavailableError(NOT_SERVING)
+        task = asyncio.ensure_future(context.read())
+        self._waiting.add(task)
+        try:
+            message = await asyncio.wait_for(task, self.limits.receive_timeout_seconds)
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"the request message did not arrive within "
+                f"{self.limits.receive_timeout_seconds:g} s ([limits] receive_timeout_seconds)"
+            ) from None
+        except asyncio.CancelledError:
+            if self._closed and not _current_cancelling():
+                raise UnavailableError(
+                    "the server is draining and the request message had not arrived; retry "
+                    "on another instance"
+                ) from None
+            raise
+        finally:
+            self._waiting.discard(task)
+        if message is grpc.aio.EOF:
+            raise InvalidArgumentError("the call ended without a request message; send exactly one")
+        return bytes(message)
+
+    def close(self) -> None:
+        """Drain: calls still waiting for their message end now, and new ones at once."""
+        self._closed = True
+        for task in list(self._waiting):
+            task.cancel()
+
+    @contextlib.contextmanager
+    def budget(self, size: int) -> Iterator[None]:
+        """Hold `size` bytes of the in-flight budget for the block."""
+        cap = self.limits.max_request_bytes_in_flight
+        if cap and self.bytes_in_flight + size > cap:
+            raise ResourceExhaustedError(
+                f"requests holding {self.bytes_in_flight} bytes are in progress; this one "
+                f"({size} bytes) would pass the {cap} the server holds at once ([limits] "
+                "max_request_bytes_in_flight); retry shortly"
+            )
+        self.bytes_in_flight += size
+        try:
+            yield
+        finally:
+            self.bytes_in_flight -= size
+
+    def look(self, rpc: str, data: bytes, type_name: str) -> Look:
+        """What the bytes say, or INVALID_ARGUMENT / RESOURCE_EXHAUSTED past a limit."""
+        if rpc in ("Health", "Info") and len(data) > _SMALL_MESSAGE_BYTES:
+            raise InvalidArgumentError(
+                f"a {type_name} takes {len(data)} bytes; it is never larger than "
+                f"{_SMALL_MESSAGE_BYTES}"
+            )
+        try:
+            return _LOOKERS[rpc](_Walk(data, self.limits))
+        except WireError as exc:
+            raise InvalidArgumentError(
+                f"the request is not a valid {type_name} message ({exc}); check the client's "
+                "stubs against the server's contract (tensord.v1)"
+            ) from None
+
+    async def parse(self, message_type: Any, data: bytes) -> Any:
+        """The parsed message (on a worker thread when large); INVALID_ARGUMENT for bytes
+        protobuf refuses."""
+        from google.protobuf.message import DecodeError
+
+        try:
+            if len(data) > _PARSE_INLINE_BYTES:
+                return await asyncio.to_thread(message_type.FromString, data)
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            raise InvalidArgumentError(
+                f"the request is not a valid {message_type.DESCRIPTOR.full_name} message "
+                f"({exc}); check the client's stubs against the server's contract (tensord.v1)"
+            ) from None
+
+
+def _current_cancelling() -> bool:
+    """Whether the task running now is itself being cancelled (the client went away)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
