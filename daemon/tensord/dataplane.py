@@ -200,12 +200,13 @@ class DataPlane:
                 raise
 
     def check_prompt_size(
-        self, model: str, version: int, prompt_bytes: int, token_ids: int
+        self, model: str, version: int, prompt_bytes: int, token_ids: int, exact: bool = True
     ) -> None:
         """Before a Generate request is parsed: INVALID_ARGUMENT when its prompt certainly
-        has more tokens than the model admits (token ids counted; a text of more bytes than
-        that many of the vocabulary's longest tokens), so it is never tokenised or
-        converted. Other problems are left to generate()."""
+        has more tokens than the model admits (token ids counted, or at least `token_ids`
+        when not `exact`; a text of more bytes than that many of the vocabulary's longest
+        tokens), so it is never tokenised or converted. Other problems are left to
+        generate()."""
         try:
             entry = self.registry.get(model, version)
         except TensordError:
@@ -214,17 +215,22 @@ class DataPlane:
         if engine is None:
             return
         context = engine.limits.max_model_len
-        if token_ids:
+        limit = min(context - 1, self.max_prompt_tokens or context)
+        setting = (
+            "[limits] max_prompt_tokens"
+            if self.max_prompt_tokens and self.max_prompt_tokens < context
+            else f"the model's context of {context} tokens"
+        )
+        if token_ids and exact:
             check_prompt_tokens(entry.name, token_ids, self.max_prompt_tokens, context)
+        elif token_ids > limit:
+            raise InvalidArgumentError(
+                f"prompt_token_ids holds at least {token_ids} tokens: more than the {limit} a "
+                f"prompt may have ({setting}); shorten it"
+            )
         widest = engine.directory.max_token_bytes
         fewest = -(-prompt_bytes // widest)  # the fewest tokens a text that long can be
-        limit = min(context - 1, self.max_prompt_tokens or context)
         if fewest > limit:
-            setting = (
-                "[limits] max_prompt_tokens"
-                if self.max_prompt_tokens and self.max_prompt_tokens < context
-                else f"the model's context of {context} tokens"
-            )
             raise InvalidArgumentError(
                 f"the prompt takes {prompt_bytes} bytes, so it has at least {fewest} tokens "
                 f"(no token of model {entry.name!r} stands for more than {widest} bytes): more "

@@ -194,6 +194,8 @@ class Admission(Protocol):
     calls: CallsInFlight
     intake: Intake
 
+    def check_model(self, rpc: str, model: str) -> None: ...
+
     def check_look(self, rpc: str, look: Look) -> None: ...
 
 
@@ -201,8 +203,12 @@ async def _admit(servicer: Admission, rpc: str, raw: bytes, message_type: Any, h
     """The parsed request, once its bytes passed the intake's look and the servicer's
     checks (authorization, the model's limits); `held` is the call's stand-in for logs and
     metrics until then (it takes the looked-at model name)."""
-    look = servicer.intake.look(rpc, raw, message_type.DESCRIPTOR.full_name)
-    held.model = look.model
+
+    def seen(model: str) -> None:
+        held.model = model
+        servicer.check_model(rpc, model)
+
+    look = servicer.intake.look(rpc, raw, message_type.DESCRIPTOR.full_name, seen)
     servicer.check_look(rpc, look)
     return await servicer.intake.parse(message_type, raw)
 

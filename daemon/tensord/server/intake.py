@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,8 @@ from tensord.wire import LENGTH, VARINT, WireError, count_varints, fields
 _PARSE_INLINE_BYTES = 256 * 1024
 """Messages up to this size are parsed on the event loop; larger ones on a worker thread."""
 _SMALL_MESSAGE_BYTES = 64 * 1024
+_COUNT_BYTES = 16 * 1024 * 1024
+"""Packed numbers are counted exactly up to this many bytes (milliseconds of work)."""
 """Health and Info requests, and a Generate's sampling parameters, are never larger."""
 
 
@@ -54,16 +56,22 @@ class Look:
     prompt_bytes: int = 0
     """Generate: the text prompt's length in bytes."""
     token_ids: int = 0
-    """Generate: how many prompt_token_ids."""
+    """Generate: how many prompt_token_ids (the fewest there can be when not exact)."""
+    token_ids_exact: bool = True
 
 
 class _Walk:
-    """Counts the fields read; RESOURCE_EXHAUSTED past the budget."""
+    """Counts the fields read; RESOURCE_EXHAUSTED past the budget. `on_model` sees the model
+    name as soon as it is read (serializers write it first), so a caller who may not use
+    the model learns nothing more about its request."""
 
-    def __init__(self, data: bytes, limits: LimitsSettings) -> None:
+    def __init__(
+        self, data: bytes, limits: LimitsSettings, on_model: Callable[[str], None]
+    ) -> None:
         self.data = data
         self.limits = limits
         self.left = limits.max_request_fields
+        self.on_model = on_model
 
     def fields(self, start: int = 0, end: int | None = None) -> Iterator[Any]:
         for field in fields(self.data, start, end):
@@ -75,6 +83,11 @@ class _Walk:
                     "repeated numbers packed, as every proto3 library does"
                 )
             yield field
+
+    def model(self, field: Any) -> str:
+        name = self.text(field)
+        self.on_model(name)
+        return name
 
     def text(self, field: Any) -> str:
         if field.wire_type != LENGTH:
@@ -94,11 +107,16 @@ class _Walk:
             )
         return count + 1
 
-    def repeated_numbers(self, field: Any) -> int:
-        """Entries of one repeated number field occurrence: 1 unpacked, or packed count."""
-        if field.wire_type == LENGTH:
-            return count_varints(self.data, field.value, field.end)
-        return 1
+    def repeated_numbers(self, field: Any) -> tuple[int, bool]:
+        """Entries of one repeated number field occurrence: 1 unpacked; packed, the count
+        (or, past _COUNT_BYTES, the fewest a field that long holds: a varint takes at most
+        10 bytes, and so many ids pass any model's context)."""
+        if field.wire_type != LENGTH:
+            return 1, True
+        length = field.end - field.value
+        if length > _COUNT_BYTES:
+            return length // 10, False
+        return count_varints(self.data, field.value, field.end), True
 
 
 def _look_predict(walk: _Walk) -> Look:
@@ -106,7 +124,7 @@ def _look_predict(walk: _Walk) -> Look:
     tensors = names = 0
     for field in walk.fields():
         if field.number == 1:
-            look.model = walk.text(field)
+            look.model = walk.model(field)
         elif field.number == 2 and field.wire_type == VARINT:
             look.version = field.value
         elif field.number == 3 and field.wire_type == LENGTH:
@@ -124,13 +142,15 @@ def _look_generate(walk: _Walk) -> Look:
     look = Look()
     for field in walk.fields():
         if field.number == 1:
-            look.model = walk.text(field)
+            look.model = walk.model(field)
         elif field.number == 2 and field.wire_type == VARINT:
             look.version = field.value
         elif field.number == 3 and field.wire_type == LENGTH:
             look.prompt_bytes += field.end - field.value
         elif field.number == 4:
-            look.token_ids += walk.repeated_numbers(field)
+            count, exact = walk.repeated_numbers(field)
+            look.token_ids += count
+            look.token_ids_exact &= exact
         elif field.number == 5 and field.wire_type == LENGTH:
             if field.end - field.value > _SMALL_MESSAGE_BYTES:
                 raise InvalidArgumentError(
@@ -146,7 +166,7 @@ def _look_model(walk: _Walk) -> Look:
     look = Look()
     for field in walk.fields():
         if field.number == 1:
-            look.model = walk.text(field)
+            look.model = walk.model(field)
     return look
 
 
@@ -164,40 +184,44 @@ class Intake:
     def __init__(self, limits: LimitsSettings) -> None:
         self.limits = limits
         self.bytes_in_flight = 0
-        self._waiting: set[asyncio.Task[Any]] = set()
-        self._closed = False
+        self._closing = asyncio.Event()
 
     async def receive(self, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         """The call's one request message, as bytes."""
-        if self._closed:
+        if self._closing.is_set():
             raise UnavailableError(NOT_SERVING)
-        task = asyncio.ensure_future(context.read())
-        self._waiting.add(task)
+        read = asyncio.ensure_future(context.read())
+        closing = asyncio.ensure_future(self._closing.wait())
         try:
-            message = await asyncio.wait_for(task, self.limits.receive_timeout_seconds)
-        except TimeoutError:
-            raise DeadlineExceededError(
-                f"the request message did not arrive within "
-                f"{self.limits.receive_timeout_seconds:g} s ([limits] receive_timeout_seconds)"
-            ) from None
-        except asyncio.CancelledError:
-            if self._closed and not _current_cancelling():
+            done, _ = await asyncio.wait(
+                (read, closing),
+                timeout=self.limits.receive_timeout_seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            closing.cancel()
+            if not read.done():
+                # Left to gRPC, which ends it with the call: cancelling a read in progress
+                # leaves the call unable to send its status.
+                read.add_done_callback(_consume)
+        if read not in done:
+            if closing in done:
                 raise UnavailableError(
                     "the server is draining and the request message had not arrived; retry "
                     "on another instance"
-                ) from None
-            raise
-        finally:
-            self._waiting.discard(task)
+                )
+            raise DeadlineExceededError(
+                f"the request message did not arrive within "
+                f"{self.limits.receive_timeout_seconds:g} s ([limits] receive_timeout_seconds)"
+            )
+        message = read.result()
         if message is grpc.aio.EOF:
             raise InvalidArgumentError("the call ended without a request message; send exactly one")
         return bytes(message)
 
     def close(self) -> None:
         """Drain: calls still waiting for their message end now, and new ones at once."""
-        self._closed = True
-        for task in list(self._waiting):
-            task.cancel()
+        self._closing.set()
 
     @contextlib.contextmanager
     def budget(self, size: int) -> Iterator[None]:
@@ -215,15 +239,22 @@ class Intake:
         finally:
             self.bytes_in_flight -= size
 
-    def look(self, rpc: str, data: bytes, type_name: str) -> Look:
-        """What the bytes say, or INVALID_ARGUMENT / RESOURCE_EXHAUSTED past a limit."""
+    def look(
+        self,
+        rpc: str,
+        data: bytes,
+        type_name: str,
+        on_model: Callable[[str], None] = lambda name: None,
+    ) -> Look:
+        """What the bytes say, or INVALID_ARGUMENT / RESOURCE_EXHAUSTED past a limit;
+        `on_model(name)` runs as soon as the model name is read (an authorization check)."""
         if rpc in ("Health", "Info") and len(data) > _SMALL_MESSAGE_BYTES:
             raise InvalidArgumentError(
                 f"a {type_name} takes {len(data)} bytes; it is never larger than "
                 f"{_SMALL_MESSAGE_BYTES}"
             )
         try:
-            return _LOOKERS[rpc](_Walk(data, self.limits))
+            return _LOOKERS[rpc](_Walk(data, self.limits, on_model))
         except WireError as exc:
             raise InvalidArgumentError(
                 f"the request is not a valid {type_name} message ({exc}); check the client's "
@@ -246,7 +277,7 @@ class Intake:
             ) from None
 
 
-def _current_cancelling() -> bool:
-    """Whether the task running now is itself being cancelled (the client went away)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+def _consume(read: asyncio.Future[Any]) -> None:
+    """Retrieve a left read's outcome, so that asyncio does not log it as never retrieved."""
+    if not read.cancelled():
+        read.exception()

@@ -51,14 +51,17 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         """Largest reply gRPC will send (0: unchecked); larger Predict outputs are refused
         before they are encoded."""
 
-    def check_look(self, rpc: str, look: Look) -> None:
-        """Before a request is parsed: the caller may use the model, and a Generate prompt
-        fits the model (a longer one is never tokenised or converted)."""
+    def check_model(self, rpc: str, model: str) -> None:
+        """As soon as a request's model name is read: the caller may use it."""
         if rpc in ("Predict", "Generate"):
-            check_model(look.model)
+            check_model(model)
+
+    def check_look(self, rpc: str, look: Look) -> None:
+        """Before a request is parsed: a Generate prompt fits the model (a longer one is
+        never tokenised or converted)."""
         if rpc == "Generate":
             self._dataplane.check_prompt_size(
-                look.model, look.version, look.prompt_bytes, look.token_ids
+                look.model, look.version, look.prompt_bytes, look.token_ids, look.token_ids_exact
             )
 
     @unary_rpc(pb.PredictRequest)

@@ -1,0 +1,225 @@
+"""Request intake on a real server: messages that never come or come incomplete (raw HTTP/2),
+limits applied before parsing, and a drain that calls waiting for their message never hold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from tensord.server.auth import hash_token, token_entry
+from tensord.v1 import inference_pb2 as pb
+from tests.conftest import ServerThread, serve
+from tests.raw_h2 import RawConnection
+
+PREDICT = "/tensord.v1.InferenceService/Predict"
+GENERATE = "/tensord.v1.InferenceService/Generate"
+HEALTH = "/tensord.v1.InferenceService/Health"
+INVALID, DEADLINE = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DEADLINE_EXCEEDED
+EXHAUSTED, DENIED = grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.PERMISSION_DENIED
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field(number: int, payload: bytes | int) -> bytes:
+    """A length-delimited field, or a varint field for an int."""
+    if isinstance(payload, int):
+        return varint(number << 3) + varint(payload)
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+EMPTY_TENSOR = field(3, field(3, b"\0"))
+"""An inputs entry holding Tensor{shape: [0]}: five bytes."""
+
+
+@pytest.fixture(scope="module")
+def server(demo_repo: Path) -> Iterator[ServerThread]:
+    srv = serve(
+        demo_repo,
+        limits__receive_timeout_seconds=0.5,
+        limits__max_request_fields=1000,
+        limits__max_tensors_per_request=8,
+    )
+    yield srv
+    srv.stop()
+
+
+def raw_call(srv: ServerThread, method: str, data: bytes, stream: bool = False) -> grpc.RpcError:
+    """The error a call of `data` (bytes as they are) ends with."""
+    options = [("grpc.max_send_message_length", 1 << 28)]
+    with grpc.insecure_channel(srv.target, options=options) as channel:
+        if stream:
+            call = channel.unary_stream(method, request_serializer=None)
+            with pytest.raises(grpc.RpcError) as info:
+                list(call(data, timeout=30))
+        else:
+            with pytest.raises(grpc.RpcError) as info:
+                channel.unary_unary(method, request_serializer=None)(data, timeout=30)
+    return info.value  # type: ignore[return-value]
+
+
+def test_a_call_that_ends_without_its_message(server: ServerThread) -> None:
+    with RawConnection(server.target) as conn:
+        for method in (PREDICT, GENERATE, HEALTH):
+            reply = conn.wait(conn.start(method, end_stream=True))
+            assert (reply.status, reply.message) == (
+                INVALID.value[0],
+                "the call ended without a request message; send exactly one",
+            )
+
+
+def test_a_message_shorter_than_its_length_prefix(server: ServerThread) -> None:
+    with RawConnection(server.target) as conn:
+        stream = conn.start(PREDICT)
+        conn.send(stream, b"\0\0\0\0\x64" + b"\x0a\x03mlp", end_stream=True)  # 100 claimed
+        reply = conn.wait(stream)
+        assert reply.status == INVALID.value[0], (reply.status, reply.message)
+
+
+def test_a_message_that_never_comes(server: ServerThread) -> None:
+    with RawConnection(server.target) as conn:
+        start = time.monotonic()
+        reply = conn.wait(conn.start(PREDICT), timeout=5)
+        took = time.monotonic() - start
+    assert (reply.status, reply.message) == (
+        DEADLINE.value[0],
+        "the request message did not arrive within 0.5 s ([limits] receive_timeout_seconds)",
+    )
+    assert 0.5 <= took < 2
+
+
+def test_more_tensors_than_allowed_are_refused_before_parsing(server: ServerThread) -> None:
+    data = field(1, b"mlp") + EMPTY_TENSOR * 100_000
+    error = raw_call(server, PREDICT, data)
+    assert error.code() == INVALID
+    assert error.details() == (
+        "the request has more than 8 input tensors; a request takes at most 8 ([limits] "
+        "max_tensors_per_request)"
+    )
+    names = raw_call(server, PREDICT, field(1, b"mlp") + field(4, b"y") * 9)
+    assert "more than 8 output names" in names.details()
+
+
+def test_more_fields_than_allowed_are_refused_before_parsing(server: ServerThread) -> None:
+    """One tensor whose shape is sent unpacked: a field per dimension."""
+    tensor = field(1, b"input") + field(2, 9) + b"".join(field(3, 1) for _ in range(2000))
+    error = raw_call(server, PREDICT, field(1, b"mlp") + field(3, tensor))
+    assert error.code() == EXHAUSTED
+    assert error.details().startswith(
+        "the request holds more than 1000 protobuf fields ([limits] max_request_fields)"
+    )
+
+
+def test_bytes_that_are_not_the_message(server: ServerThread) -> None:
+    for data in (b"\x0a\xff\xff\xff\x7f", b"\x07garbage", b"\x0b"):
+        error = raw_call(server, PREDICT, data)
+        assert error.code() == INVALID, data
+        assert "is not a valid tensord.v1.PredictRequest message" in error.details()
+
+
+def test_prompts_too_long_for_the_model_are_never_tokenized(server: ServerThread) -> None:
+    """tinylm's context is 2048 tokens: 3 MB of text, 2 million ids (packed and not)."""
+    text = field(1, b"tinylm") + field(3, b"hello world " * 250_000)
+    error = raw_call(server, GENERATE, text, stream=True)
+    assert error.code() == INVALID
+    assert error.details().startswith("the prompt takes 3000000 bytes, so it has at least ")
+    assert "a prompt may have (the model's context of 2048 tokens)" in error.details()
+    packed = field(1, b"tinylm") + field(4, varint(1000) * 2_000_000)
+    error = raw_call(server, GENERATE, packed, stream=True)
+    assert error.code() == INVALID
+    assert "the prompt has 2000000 tokens" in error.details()
+    unpacked = field(1, b"tinylm") + field(4, 7) * 3000  # past the field budget first
+    assert raw_call(server, GENERATE, unpacked, stream=True).code() == EXHAUSTED
+    sampling = field(1, b"tinylm") + field(3, b"hi") + field(5, field(7, b"x" * 70_000))
+    error = raw_call(server, GENERATE, sampling, stream=True)
+    assert error.details().startswith("sampling takes 70004 bytes; sampling parameters")
+
+
+def test_the_bytes_in_flight_are_bounded(demo_repo: Path) -> None:
+    srv = serve(demo_repo, limits__max_request_bytes_in_flight=100_000)
+    try:
+        x = np.zeros((64, 512), np.float32)  # 131 KB raw
+        request = pb.PredictRequest(model="mlp")
+        request.inputs.add(name="input", dtype=pb.DATA_TYPE_FLOAT32, shape=x.shape)
+        request.inputs[0].raw_data = x.tobytes()
+        error = raw_call(srv, PREDICT, request.SerializeToString())
+        assert error.code() == EXHAUSTED
+        assert error.details().startswith(
+            "requests holding 0 bytes are in progress; this one (131099 bytes) would pass "
+            "the 100000 the server holds at once ([limits] max_request_bytes_in_flight)"
+        )
+        small = pb.PredictRequest(model="mlp")
+        small.inputs.add(name="input", dtype=pb.DATA_TYPE_FLOAT32, shape=(1, 512))
+        small.inputs[0].raw_data = x[:1].tobytes()
+        with grpc.insecure_channel(srv.target) as channel:
+            channel.unary_unary(PREDICT, request_serializer=None)(small.SerializeToString())
+    finally:
+        srv.stop()
+
+
+def test_permission_is_checked_before_the_request_is_counted(
+    demo_repo: Path, tmp_path: Path
+) -> None:
+    """A token that may not use the model learns nothing else: not even that its request
+    holds too many tensors."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(token_entry("cnn-only", hash_token("cnn-only-token-" + "c" * 20), ["cnn"]))
+    srv = serve(demo_repo, auth__token_file=tokens)
+    try:
+        data = field(1, b"mlp") + EMPTY_TENSOR * 1_000_000
+        with grpc.insecure_channel(srv.target) as channel:
+            call = channel.unary_unary(PREDICT, request_serializer=None)
+            start = time.monotonic()
+            with pytest.raises(grpc.RpcError) as info:
+                call(data, metadata=(("authorization", "Bearer cnn-only-token-" + "c" * 20),))
+        assert info.value.code() == DENIED  # type: ignore[attr-defined]
+        assert time.monotonic() - start < 2
+    finally:
+        srv.stop()
+
+
+def test_a_drain_is_not_held_by_calls_waiting_for_their_message(demo_repo: Path) -> None:
+    srv = serve(demo_repo)  # the default 30 s to receive
+    with RawConnection(srv.target) as conn:
+        waiting = conn.start(PREDICT)
+        conn.pump(0.3)  # the call has reached its handler
+        stopper = threading.Thread(target=srv.stop, kwargs={"grace": 20.0})
+        start = time.monotonic()
+        stopper.start()
+        reply = conn.wait(waiting, timeout=10)
+        stopper.join(25)
+        took = time.monotonic() - start
+    assert reply.status == grpc.StatusCode.UNAVAILABLE.value[0], (reply.status, reply.message)
+    assert took < 3, took
+
+
+def test_a_typed_request_too_large_for_one_conversion(server: ServerThread) -> None:
+    """Typed contents of 128 x 512 floats convert in chunks, to the same values."""
+    values = np.arange(128 * 512, dtype=np.float32) / 7
+    request = pb.PredictRequest(model="mlp")
+    tensor = request.inputs.add(name="input", dtype=pb.DATA_TYPE_FLOAT32, shape=(128, 512))
+    tensor.contents.float_values.extend(values.tolist())
+    raw = request.inputs[0]
+    raw_request = pb.PredictRequest(model="mlp")
+    raw_request.inputs.add(name="input", dtype=pb.DATA_TYPE_FLOAT32, shape=(128, 512))
+    raw_request.inputs[0].raw_data = values.tobytes()
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_unary(PREDICT, response_deserializer=pb.PredictResponse.FromString)
+        typed_reply = call(request.SerializeToString(), timeout=30)
+        raw_reply = call(raw_request.SerializeToString(), timeout=30)
+    assert raw.contents.float_values and typed_reply.outputs[0].raw_data == (
+        raw_reply.outputs[0].raw_data
+    )
