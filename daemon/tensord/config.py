@@ -13,9 +13,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tensord.config_tables import (
+    INT32_MAX,
     AuthSettings,
     LimitsSettings,
     MetricsSettings,
+    Settings,
     TLSSettings,
     TracingSettings,
 )
@@ -32,7 +34,7 @@ MAX_TRANSPORT_SECONDS = 7 * 24 * 3600.0
 as 32-bit milliseconds (at most about 24 days)."""
 
 
-class ServerSettings(BaseModel):
+class ServerSettings(Settings):
     """The `[server]` table."""
 
     # inf and nan never make sense for a duration, and would crash the gRPC server.
@@ -40,10 +42,11 @@ class ServerSettings(BaseModel):
 
     listen: str = "127.0.0.1:50051"
     """Address to listen on, HOST:PORT (IPv6 as [::1]:PORT); port 0 picks a free port."""
-    max_receive_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    """Largest request message accepted; larger ones get RESOURCE_EXHAUSTED."""
-    max_send_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    """Largest response message sent."""
+    max_receive_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=INT32_MAX)
+    """Largest request message accepted; larger ones get RESOURCE_EXHAUSTED (at most
+    2147483647, what gRPC takes)."""
+    max_send_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=INT32_MAX)
+    """Largest response message sent (at most 2147483647)."""
     drain_grace_seconds: float = Field(default=30.0, ge=0, le=MAX_DRAIN_SECONDS)
     """On SIGTERM, how long in-flight calls get to finish before they are cancelled
     (at most 3600)."""
@@ -64,9 +67,9 @@ class ServerSettings(BaseModel):
     wait behind the loop (measured: ~20% fewer Predicts/s at 32 in flight)."""
     cuda_device: int = Field(default=0, ge=0)
     """The CUDA device (as numbered after CUDA_VISIBLE_DEVICES) that GPU models run on."""
-    max_concurrent_streams: int = Field(default=0, ge=0)
+    max_concurrent_streams: int = Field(default=0, ge=0, le=INT32_MAX)
     """Calls one HTTP/2 connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS);
-    further calls wait on the client. 0: gRPC's default (no limit)."""
+    further calls wait on the client. 0: gRPC's default (no limit); at most 2147483647."""
     keepalive_time_seconds: float = Field(default=60.0, gt=0, le=MAX_TRANSPORT_SECONDS)
     """How long a connection may be idle before the server pings the client (at most a
     week, 604800, like every keepalive and connection-age duration)."""
@@ -93,7 +96,7 @@ class ServerSettings(BaseModel):
         return value
 
 
-class TensordConfig(BaseModel):
+class TensordConfig(Settings):
     """The whole configuration file."""
 
     model_config = ConfigDict(extra="forbid")

@@ -7,9 +7,62 @@ but pydantic, so every layer may read them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+INT32_MAX = 2**31 - 1
+"""gRPC takes its channel arguments (message sizes, streams per connection) as C ints."""
+
+
+def _takes_number(annotation: Any) -> bool:
+    """Whether a field's type admits an int or a float (through unions and Annotated)."""
+    if annotation in (int, float):
+        return True
+    return any(_takes_number(arg) for arg in get_args(annotation) if arg is not bool)
+
+
+def _boolean_for_number(cls: type[BaseModel], name: str, value: Any) -> str | None:
+    """The complaint when `value` is a boolean given for a numeric field `name`."""
+    field = cls.model_fields.get(name)
+    if isinstance(value, bool) and field is not None and _takes_number(field.annotation):
+        return f"expected a number, got the boolean {str(value).lower()}"
+    return None
+
+
+class Settings(BaseModel):
+    """The base of every settings table. A boolean is refused where a number is expected
+    (pydantic alone would take `true` as 1)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        problem = _boolean_for_number(cls, info.field_name or "", value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+class TaggedSettings(BaseModel):
+    """Settings for a member of a discriminated union (its tag may not have a field
+    validator): the same check, per table, naming the key."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in cls.model_fields:
+                problem = _boolean_for_number(cls, name, data.get(name))
+                if problem:
+                    raise ValueError(f"{name}: {problem}")
+        return data
 
 
 def _empty_is_none(value: Any) -> Any:
@@ -25,7 +78,7 @@ def check_host_port(value: str) -> str:
     return value
 
 
-class TLSSettings(BaseModel):
+class TLSSettings(Settings):
     """The `[tls]` table: the gRPC port speaks TLS when a certificate and key are set."""
 
     model_config = ConfigDict(extra="forbid")
@@ -59,7 +112,7 @@ class TLSSettings(BaseModel):
         return self.cert_file is not None
 
 
-class AuthSettings(BaseModel):
+class AuthSettings(Settings):
     """The `[auth]` table: bearer tokens from a file of hashes, each with allowed models."""
 
     model_config = ConfigDict(extra="forbid")
@@ -91,7 +144,7 @@ class AuthSettings(BaseModel):
         return self.token_file is not None
 
 
-class LimitsSettings(BaseModel):
+class LimitsSettings(Settings):
     """The `[limits]` table: admission limits beyond the transport's."""
 
     model_config = ConfigDict(extra="forbid")
@@ -117,7 +170,7 @@ class LimitsSettings(BaseModel):
     DEADLINE_EXCEEDED. A call that ends without a message gets INVALID_ARGUMENT."""
 
 
-class MetricsSettings(BaseModel):
+class MetricsSettings(Settings):
     """The `[metrics]` table: Prometheus metrics on their own HTTP port."""
 
     model_config = ConfigDict(extra="forbid")
@@ -137,7 +190,7 @@ class MetricsSettings(BaseModel):
         return bool(self.listen)
 
 
-class TracingSettings(BaseModel):
+class TracingSettings(Settings):
     """The `[tracing]` table: OpenTelemetry spans, one per RPC (the `otel` extra)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -1,5 +1,6 @@
-"""Reload re-reads the config file: a bad file keeps the running config, restart-only keys
-are ignored with a log line, live keys apply, and reload hooks run with the new config."""
+"""Reload re-reads the config file: a bad file keeps the running config (and the models are
+still rescanned), restart-only keys are ignored with a log line, live keys apply, and reload
+hooks run with the new config."""
 
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ def server(config_file: Path) -> Iterator[ServerThread]:
 
 
 def test_bad_config_keeps_the_running_one(server: ServerThread, config_file: Path) -> None:
+    """...and takes nothing else down: a model added in the same reload is served."""
     assert server.server is not None
     running = server.server.config
     config_file.write_text('model_repository = "models"\n[server]\nlisten = "nowhere"\n')
+    shutil.copytree(config_file.parent / "models" / "mlp", config_file.parent / "models" / "mlp2")
     result = server.call(server.server.reload())
-    assert not result.ok and result.models is None
+    assert not result.ok and result.models is not None and result.models.added == ["mlp2 v1"]
     assert result.config_error.startswith(f"{config_file}: 1 invalid setting(s)")
     assert "server.listen" in result.config_error
     assert server.server.config is running
@@ -48,7 +51,11 @@ def test_bad_config_keeps_the_running_one(server: ServerThread, config_file: Pat
     result = server.call(server.server.reload())
     assert "not valid TOML" in result.config_error
     assert server.server.config is running
-    assert server.server.registry.names() == ["mlp"]
+    assert server.server.registry.names() == ["mlp", "mlp2"]
+    nested = "a = " + "[" * 3000 + "]" * 3000 + "\n"
+    config_file.write_text(nested)
+    result = server.call(server.server.reload())
+    assert result.config_error == f"config {config_file}: nested too deeply (at most 64 levels)"
 
 
 def test_restart_only_keys_are_ignored_and_live_keys_apply(

@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from tensord.config_tables import Settings, TaggedSettings
 
 _MIN_STD = 1e-30
 """Smallest std accepted: 1/std stays a finite float32 with room to spare."""
 
 
-class PreprocessConfig(BaseModel):
+class PreprocessConfig(Settings):
     """`[preprocess]`: Predict takes uint8 images [N, H, W, 3] (HWC) for one model input,
     resized (bilinear, OpenCV's half-pixel convention) and normalised on the way in. The
     images of one request share H and W; requests may differ."""
@@ -73,7 +75,7 @@ class PreprocessConfig(BaseModel):
         return self
 
 
-class TopKConfig(BaseModel):
+class TopKConfig(TaggedSettings):
     """`[postprocess]` with kind = "topk": softmax + top-k over a classifier's output
     [N, classes]; serves `classes` int32 [N, k] and `scores` float32 [N, k]."""
 
@@ -90,7 +92,7 @@ class TopKConfig(BaseModel):
     already end in a softmax)."""
 
 
-class NmsConfig(BaseModel):
+class NmsConfig(TaggedSettings):
     """`[postprocess]` with kind = "nms": per-class non-maximum suppression over a
     detector's boxes [N, B, 4] and scores [N, B, classes]; serves `boxes` float32
     [N, D, 4] (x1, y1, x2, y2), `scores` float32 [N, D], `classes` int32 [N, D] and

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from tensord.config_tables import Settings
 from tensord.errors import ModelLoadError
 from tensord.generate.batch_layout import BatchLayout
 
@@ -17,7 +18,7 @@ with ALiBi have no table of positions)."""
 """The KV pool's size when model.toml sets neither kv_cache_bytes nor num_blocks."""
 
 
-class GeneratorConfig(BaseModel):
+class GeneratorConfig(Settings):
     """Limits of the generation engine. Every key has a default; set at most one of
     kv_cache_bytes and num_blocks."""
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     ValidationError,
@@ -17,6 +16,7 @@ from pydantic import (
 from tensord import dtypes
 from tensord.backends.providers import normalise_provider
 from tensord.config import format_validation_error
+from tensord.config_tables import Settings
 from tensord.errors import ModelLoadError
 from tensord.files import read_toml
 from tensord.processing.config import PostprocessConfig, PreprocessConfig
@@ -27,7 +27,7 @@ MODEL_TOML = "model.toml"
 ModelKind = Literal["predict", "generator"]
 
 
-class TensorOverride(BaseModel):
+class TensorOverride(Settings):
     """Narrows one input or output of the model's own signature."""
 
     model_config = ConfigDict(extra="forbid")
@@ -54,7 +54,7 @@ class TensorOverride(BaseModel):
         return value
 
 
-class DynamicBatchingConfig(BaseModel):
+class DynamicBatchingConfig(Settings):
     """The `[dynamic_batching]` table: present means Predict requests are batched."""
 
     model_config = ConfigDict(extra="forbid")
@@ -76,7 +76,7 @@ class DynamicBatchingConfig(BaseModel):
         return sorted(set(value))
 
 
-class TensorRTConfig(BaseModel):
+class TensorRTConfig(Settings):
     """The `[tensorrt]` table: options for ONNX Runtime's TensorRT provider."""
 
     model_config = ConfigDict(extra="forbid")
@@ -108,7 +108,7 @@ class TensorRTConfig(BaseModel):
         return self
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(Settings):
     """One model's settings. Every key is optional; the directory name is the default name."""
 
     model_config = ConfigDict(extra="forbid")

@@ -25,17 +25,17 @@ import re
 import secrets
 import threading
 import time
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from tensord.access import Principal
-from tensord.config_tables import AuthSettings
+from tensord.config_tables import AuthSettings, Settings
 from tensord.errors import ConfigError, RateLimitedError, UnauthenticatedError
+from tensord.files import read_toml
 from tensord.server.ratelimit import Rate, TokenBucket
 from tensord.server.watchdog import PROBED_METHOD
 
@@ -90,7 +90,7 @@ def toml_string(text: str) -> str:
     return f'"{escaped}"'
 
 
-class TokenEntry(BaseModel):
+class TokenEntry(Settings):
     """One `[[token]]` of the token file."""
 
     model_config = ConfigDict(extra="forbid")
@@ -115,7 +115,7 @@ class TokenEntry(BaseModel):
         return value
 
 
-class TokenFile(BaseModel):
+class TokenFile(Settings):
     """The whole token file."""
 
     model_config = ConfigDict(extra="forbid")
@@ -131,12 +131,7 @@ class _Grant:
 
 def read_token_file(path: Path, settings: AuthSettings) -> dict[str, _Grant]:
     """The token file's entries by digest; ConfigError names the file and the bad entry."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"token file {path}: cannot read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"token file {path}: not valid TOML: {exc}") from None
+    data = read_toml(path, ConfigError, f"token file {path}")
     try:
         parsed = TokenFile.model_validate(data)
     except ValidationError as exc:

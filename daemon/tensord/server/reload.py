@@ -109,7 +109,8 @@ class ReloadResult:
     """What one reload did."""
 
     config_error: str = ""
-    """Why the config was not taken (then nothing else changed)."""
+    """Why the config file was not taken (the running config stayed; the token file and the
+    model repository were still read again)."""
     ignored: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     """Restart-only keys that changed: key -> (running value, value in the file); a table
     switched on or off appears as "tls" or "auth" -> (running mode, mode in the file)."""
@@ -182,16 +183,18 @@ class Reloader:
             try:
                 fresh = await asyncio.to_thread(self._load_config)
             except Exception as exc:
+                # One bad file takes nothing else down: the running config stays, and the
+                # token file and the model repository are read again all the same.
                 error = str(exc) if isinstance(exc, ConfigError) else f"{exc!r}"
                 result.config_error = error
                 log.error("reload.config_rejected", error=error, kept="the running config")
-                return running, result
-            config, result.ignored = keep_restart_only(running, fresh, self.restart_only)
-            for key, (old, new) in result.ignored.items():
-                log.warning(
-                    "reload.ignored_until_restart", key=key, running=str(old), file=str(new)
-                )
-            apply_live_settings(config)
+            else:
+                config, result.ignored = keep_restart_only(running, fresh, self.restart_only)
+                for key, (old, new) in result.ignored.items():
+                    log.warning(
+                        "reload.ignored_until_restart", key=key, running=str(old), file=str(new)
+                    )
+                apply_live_settings(config)
         for hook in self._hooks:
             await self._run_hook(hook, config, result)
         try:

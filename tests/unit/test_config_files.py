@@ -1,0 +1,100 @@
+"""Configuration files that could take the daemon down are refused, naming the file: deep
+nesting, a FIFO, an oversized file, a boolean for a number, numbers gRPC cannot take. The
+daemon's config, model.toml and the token file go through the same reader."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tensord.config import load_config
+from tensord.config_tables import AuthSettings
+from tensord.errors import ConfigError, ModelLoadError
+from tensord.files import MAX_TOML_BYTES
+from tensord.registry.model_config import read_model_config
+from tensord.server.auth import read_token_file
+
+NESTED_ARRAYS = "a = " + "[" * 3000 + "]" * 3000 + "\n"
+NESTED_TABLES = "[" + ".".join(f"t{i}" for i in range(3000)) + "]\nx = 1\n"
+
+
+READERS = {
+    "config": ("tensord.toml", ConfigError, lambda p: load_config(p, env={})),
+    "model.toml": ("model.toml", ModelLoadError, lambda p: read_model_config(p.parent)),
+    "token file": ("tokens.toml", ConfigError, lambda p: read_token_file(p, AuthSettings())),
+}
+
+
+def _refused(tmp_path: Path, reader: str, make: object) -> str:
+    """What reading a file made by `make(path)` with `reader` is refused with."""
+    name, error, read = READERS[reader]
+    path = tmp_path / name
+    make(path)  # type: ignore[operator]
+    with pytest.raises(error) as info:
+        read(path)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+@pytest.mark.parametrize("text", [NESTED_ARRAYS, NESTED_TABLES], ids=["arrays", "tables"])
+def test_deep_nesting_is_refused_naming_the_file(tmp_path: Path, reader: str, text: str) -> None:
+    message = _refused(tmp_path, reader, lambda p: p.write_text(text))
+    assert message.endswith(f"{READERS[reader][0]}: nested too deeply (at most 64 levels)")
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path, reader: str) -> None:
+    message = _refused(tmp_path, reader, os.mkfifo)
+    assert message.endswith(f"{READERS[reader][0]}: is a FIFO; expected a TOML file")
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_an_oversized_file_is_refused(tmp_path: Path, reader: str) -> None:
+    padding = "# padding\n" * (MAX_TOML_BYTES // 10 + 1)
+    message = _refused(tmp_path, reader, lambda p: p.write_text(padding))
+    assert message.endswith(f": is larger than {MAX_TOML_BYTES} bytes; expected a TOML file")
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("instance_count = true\n", "instance_count"),
+        ("max_batch_size = false\n", "max_batch_size"),
+        ("[dynamic_batching]\nmax_queue_delay_microseconds = true\n", "dynamic_batching"),
+        ("[generator]\nnum_blocks = true\n", "generator.num_blocks"),
+        ("[generator]\nstream_interval = true\n", "generator.stream_interval"),
+    ],
+)
+def test_a_boolean_is_not_a_number_in_model_toml(tmp_path: Path, text: str, key: str) -> None:
+    (tmp_path / "model.toml").write_text(text)
+    with pytest.raises(ModelLoadError) as info:
+        read_model_config(tmp_path)
+    assert key in str(info.value) and "expected a number, got the boolean" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "max_receive_message_bytes = 2147483648",
+        "max_send_message_bytes = 9223372036854775807",
+        "max_concurrent_streams = 1099511627776",
+    ],
+)
+def test_numbers_grpc_cannot_take_are_refused(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "tensord.toml"
+    path.write_text(f"[server]\n{line}\n")
+    key = line.split()[0]
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    message = str(info.value)
+    assert f"server.{key}: Input should be less than or equal to 2147483647" in message
+    assert str(path) in message
+
+
+def test_a_boolean_is_not_a_number_in_the_daemon_config(tmp_path: Path) -> None:
+    path = tmp_path / "tensord.toml"
+    path.write_text("[limits]\nmax_prompt_tokens = true\n")
+    with pytest.raises(ConfigError, match=r"limits.max_prompt_tokens: .*got the boolean true"):
+        load_config(path, env={})
