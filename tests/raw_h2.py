@@ -69,8 +69,10 @@ class RawConnection:
         if data:
             self.sock.sendall(data)
 
-    def start(self, method: str, end_stream: bool = False) -> int:
-        """Send a call's headers; returns its stream id."""
+    def start(
+        self, method: str, end_stream: bool = False, extra: tuple[tuple[str, str], ...] = ()
+    ) -> int:
+        """Send a call's headers (and `extra` ones); returns its stream id."""
         stream = self.conn.get_next_available_stream_id()
         self.conn.send_headers(
             stream,
@@ -81,6 +83,7 @@ class RawConnection:
                 (":authority", self.authority),
                 ("content-type", "application/grpc"),
                 ("te", "trailers"),
+                *extra,
             ],
             end_stream=end_stream,
         )

@@ -8,8 +8,10 @@ model is allowed.
 
 from __future__ import annotations
 
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 
 from tensord.errors import PermissionDeniedError
 
@@ -30,6 +32,31 @@ class Principal:
 
 current_principal: ContextVar[Principal | None] = ContextVar("tensord_principal", default=None)
 """The caller of the RPC running in this context; None when authentication is off."""
+
+
+def may_see(model: str) -> bool:
+    """Whether the current caller may learn about `model` (always, with authentication off
+    or for an anonymous call to an open method)."""
+    principal = current_principal.get()
+    return principal is None or principal.may_use(model)
+
+
+def sees_server_paths() -> bool:
+    """Whether the current caller may read server paths in failure reasons: with
+    authentication off, or a token allowed every model (an operator's)."""
+    principal = current_principal.get()
+    return principal is None or ANY_MODEL in principal.models
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~])/[^\s'\"`,;:()\[\]{}]+")
+
+
+def redact_paths(text: str, root: Path) -> str:
+    """`text` without server paths: those inside `root` (the model repository) relative to
+    it, any other absolute path as its last part."""
+    for prefix in {str(root.resolve()), str(root.absolute())}:
+        text = text.replace(prefix.rstrip("/") + "/", "")
+    return _ABSOLUTE_PATH.sub(lambda m: ".../" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
 
 
 def check_model(model: str) -> None:

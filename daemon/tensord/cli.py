@@ -72,7 +72,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     config = _config_from(args)
     problems = [
         f"{src.name if src.whole_model else f'{src.name} v{src.version}'}: {src.error}"
-        for src in scan_repository(config.model_repository)
+        for src in scan_repository(config.model_repository, config.follow_model_symlinks)
         if src.error
     ]
     print(json.dumps(config.model_dump(mode="json"), indent=2))

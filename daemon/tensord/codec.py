@@ -261,6 +261,18 @@ def _decode_contents(
                 f"{dtype_name(dtype)} [{info.min}, {info.max}]"
             )
         return wide.astype(dtype.numpy).reshape(shape)
+    if dtype is DType.FLOAT16:
+        wide = _numbers(values, np.dtype(np.float32))
+        with np.errstate(over="ignore"):
+            narrow = wide.astype(np.float16)
+        bad = np.flatnonzero(np.isfinite(wide) & ~np.isfinite(narrow))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidArgumentError(
+                f"{label}: contents.float_values[{i}] = {float(wide[i]):g} is out of range for "
+                "DATA_TYPE_FLOAT16 (largest 65504)"
+            )
+        return narrow.reshape(shape)
     return _numbers(values, dtype.numpy).reshape(shape)
 
 

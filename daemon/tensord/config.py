@@ -107,6 +107,9 @@ class TensordConfig(Settings):
     """Directory with one subdirectory per model (relative paths are from the config file)."""
     cache_directory: Path = Path("cache")
     """Where TensorRT engines and compiled kernels are cached (relative: as above)."""
+    follow_model_symlinks: bool = False
+    """Serve model files that symlinks lead outside their model's directory (a shared
+    store, Hugging Face's cache). Off, such a version fails with the reason."""
     tls: TLSSettings = TLSSettings()
     """TLS and mutual TLS on the gRPC port."""
     auth: AuthSettings = AuthSettings()

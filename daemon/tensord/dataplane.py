@@ -6,6 +6,7 @@ The same data plane could serve another transport; nothing here knows protobuf.
 from __future__ import annotations
 
 import asyncio
+import functools
 import platform
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensord import __version__
-from tensord.access import check_model
+from tensord.access import check_model, may_see, redact_paths, sees_server_paths
 from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
 from tensord.errors import (
     DeviceLostError,
@@ -82,6 +83,8 @@ class HealthReport:
 
     serving: bool
     models: list[ModelVersion]
+    redact: Callable[[str], str] = str
+    """What a failure reason may show this caller (Health never shows server paths)."""
 
 
 @dataclass(slots=True)
@@ -95,6 +98,8 @@ class ServerInfo:
     available_providers: list[str]
     tensorrt: str
     models: list[ModelVersion]
+    redact: Callable[[str], str] = str
+    """What a failure reason may show this caller (server paths only to an operator)."""
 
 
 async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory) -> list[int]:
@@ -238,14 +243,19 @@ class DataPlane:
             )
 
     def health(self, model: str = "") -> HealthReport:
-        """Serving state and every version, or one model's versions (NOT_FOUND if unknown)."""
+        """Serving state and every version the caller may use, or one model's versions
+        (NOT_FOUND if unknown); failure reasons without server paths."""
+        redact = functools.partial(redact_paths, root=self.registry.repository)
         if model:
             check_model(model)  # a token sees the health of the models it may use
-            return HealthReport(self.serving, self.registry.get_versions(model))
-        return HealthReport(self.serving, self.registry.versions())
+            return HealthReport(self.serving, self.registry.get_versions(model), redact)
+        versions = [mv for mv in self.registry.versions() if may_see(mv.name)]
+        return HealthReport(self.serving, versions, redact)
 
     def info(self) -> ServerInfo:
-        """The server, its devices and providers, and every model version."""
+        """The server, its devices and providers, and every model version the caller may
+        use (server paths in failure reasons only for an operator: authentication off, or a
+        token allowed every model)."""
         import grpc
         import onnxruntime
         from google.protobuf import __version__ as protobuf_version
@@ -261,6 +271,11 @@ class DataPlane:
             "numpy": np.__version__,
             "event_loop": running_loop_name(),
         }
+        redact = (
+            str
+            if sees_server_paths()
+            else functools.partial(redact_paths, root=self.registry.repository)
+        )
         return ServerInfo(
             __version__,
             runtime,
@@ -268,7 +283,8 @@ class DataPlane:
             probe_gpus(),
             available_providers(),
             tensorrt_status()[1],
-            self.registry.versions(),
+            [mv for mv in self.registry.versions() if may_see(mv.name)],
+            redact,
         )
 
     def _check_serving(self) -> None:

@@ -84,8 +84,23 @@ def test_models_outside_the_allow_list_are_permission_denied(auth_server: Server
             assert err.details().startswith(f"token 'mlp-only' may not use model '{model}'")
         err = error_of(lambda: list(c.generate("cnn", "hi")))
         assert err.code() == Code.PERMISSION_DENIED
-        assert len(c.info().models) == 3  # any valid token may read Info
+        # Info and Health list only the token's own models; Health for another is denied.
+        assert [m.name for m in c.info().models] == ["mlp"]
+        assert [m.name for m in c.health().models] == ["mlp"]
+        assert error_of(lambda: c.health("cnn")).code() == Code.PERMISSION_DENIED
+    with grpc.insecure_channel(auth_server.target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        bearer = (("authorization", f"Bearer {MLP_ONLY}"),)
+        request = health_pb2.HealthCheckRequest(service="tensord.model.cnn")
+        err = error_of(lambda: stub.Check(request, metadata=bearer))
+        assert err.code() == Code.NOT_FOUND  # as an unknown service: nothing is revealed
+        assert stub.Check(request).status == health_pb2.HealthCheckResponse.SERVING  # open
+        mine = health_pb2.HealthCheckRequest(service="tensord.model.mlp")
+        assert stub.Check(mine, metadata=bearer).status == health_pb2.HealthCheckResponse.SERVING
+        listed = stub.List(health_pb2.HealthListRequest(), metadata=bearer).statuses
+        assert sorted(s for s in listed if s.startswith("tensord.model.")) == ["tensord.model.mlp"]
     with client(auth_server, ADMIN) as c:
+        assert len(c.info().models) == 3
         assert c.predict("cnn", {"image": IMAGE})["probabilities"].shape == (1, 10)
         assert error_of(lambda: c.predict("nope", {"x": X})).code() == Code.NOT_FOUND
 
@@ -193,3 +208,44 @@ def test_tensorctl_sends_the_token(
     args = ["--target", auth_server.target, "predict", "cnn", "-i", "image=[[[[0]]]]"]
     assert tensorctl(args) == 1
     assert "PERMISSION_DENIED: token 'mlp-only' may not use model 'cnn'" in capsys.readouterr().err
+
+
+def test_failure_reasons_show_server_paths_only_to_operators(
+    small_repo: Path, tmp_path: Path
+) -> None:
+    """Health never shows server paths; Info shows them with authentication off or to a
+    token allowed every model, and repository-relative to any other."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(small_repo, repo)
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not onnx")
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        token_entry("admin", hash_token(ADMIN), ["*"])
+        + token_entry("two", hash_token(MLP_ONLY), ["mlp", "broken"])
+    )
+    absolute = str(repo.resolve())
+    srv = serve(repo, auth__token_file=tokens)
+    try:
+        for token in (None, MLP_ONLY, ADMIN):
+            with client(srv, token) as c:
+                (broken,) = [m for m in c.health().models if m.name == "broken"]
+                assert "broken/1/model.onnx" in broken.reason
+                assert absolute not in broken.reason and "/tmp/" not in broken.reason
+        with client(srv, MLP_ONLY) as c:
+            (broken,) = [m for m in c.info().models if m.name == "broken"]
+            assert "broken/1/model.onnx" in broken.reason and absolute not in broken.reason
+        with client(srv, ADMIN) as c:
+            (broken,) = [m for m in c.info().models if m.name == "broken"]
+            assert f"{absolute}/broken/1/model.onnx" in broken.reason
+    finally:
+        srv.stop()
+    open_srv = serve(repo)
+    try:
+        with client(open_srv, None) as c:
+            (broken,) = [m for m in c.info().models if m.name == "broken"]
+            assert f"{absolute}/broken/1/model.onnx" in broken.reason
+    finally:
+        open_srv.stop()

@@ -223,3 +223,32 @@ def test_a_typed_request_too_large_for_one_conversion(server: ServerThread) -> N
     assert raw.contents.float_values and typed_reply.outputs[0].raw_data == (
         raw_reply.outputs[0].raw_data
     )
+
+
+def test_a_corrupt_compressed_message_is_refused_by_grpc(server: ServerThread) -> None:
+    """gRPC itself decompresses before tensord sees the bytes: INTERNAL, as the README's
+    error table says."""
+    with RawConnection(server.target) as conn:
+        stream = conn.start(HEALTH, extra=(("grpc-encoding", "gzip"),))
+        conn.send(stream, b"\x01\0\0\0\x05junk!", end_stream=True)
+        reply = conn.wait(stream)
+    assert reply.status == grpc.StatusCode.INTERNAL.value[0]
+    assert reply.message.startswith("Decompression failed")
+
+
+def test_grpc_health_takes_its_message_the_same_way(demo_repo: Path) -> None:
+    """grpc.health.v1 too: a call without a message is answered, and one waiting for it
+    does not hold the drain."""
+    srv = serve(demo_repo)
+    with RawConnection(srv.target) as conn:
+        reply = conn.wait(conn.start("/grpc.health.v1.Health/Check", end_stream=True))
+        assert reply.status == INVALID.value[0], (reply.status, reply.message)
+        waiting = conn.start("/grpc.health.v1.Health/Watch")
+        conn.pump(0.3)
+        stopper = threading.Thread(target=srv.stop, kwargs={"grace": 20.0})
+        start = time.monotonic()
+        stopper.start()
+        reply = conn.wait(waiting, timeout=10)
+        stopper.join(25)
+    assert reply.status == grpc.StatusCode.UNAVAILABLE.value[0], (reply.status, reply.message)
+    assert time.monotonic() - start < 3

@@ -177,6 +177,31 @@ def test_float16_contents_round_to_half() -> None:
     assert decoded.tolist() == [np.float16(0.1), 65504.0]
 
 
+def test_float16_contents_out_of_range_are_refused_quietly(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    """A finite float beyond float16's range is refused, as an int out of range is (no
+    RuntimeWarning on the way); infinities stay infinities."""
+    tensor = pb.Tensor(
+        name="h", dtype=pb.DATA_TYPE_FLOAT16, shape=[3],
+        contents=pb.TensorContents(float_values=[1.0, float("inf"), 1e10]),
+    )  # fmt: skip
+    assert bad(tensor) == (
+        "inputs[0] 'h': contents.float_values[2] = 1e+10 is out of range for DATA_TYPE_FLOAT16 "
+        "(largest 65504)"
+    )
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_large_typed_contents_convert_in_chunks_to_the_same_values() -> None:
+    values = (np.arange(200_000, dtype=np.float32) - 7.5) / 3
+    tensor = pb.Tensor(name="x", dtype=pb.DATA_TYPE_FLOAT32, shape=[200_000])
+    tensor.contents.float_values.extend(values.tolist())
+    assert np.array_equal(decode_tensor(tensor, "inputs[0]")[1], values)
+    back = encode_tensor("x", values, contents=True)
+    assert np.array_equal(np.array(back.contents.float_values, np.float32), values)
+
+
 def test_strings_must_be_utf8() -> None:
     tensor = pb.Tensor(
         name="s", dtype=pb.DATA_TYPE_STRING, shape=[1], raw_data=encode_raw_strings([b"\xff"])

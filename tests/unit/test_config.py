@@ -45,6 +45,7 @@ def test_every_setting_has_an_env_variable() -> None:
     assert {v for v in env_keys().values() if "." not in v} == {
         "model_repository",
         "cache_directory",
+        "follow_model_symlinks",
     }
     tables = {"tls", "auth", "limits", "metrics", "tracing"}
     assert sorted(v for v in env_keys().values() if v.split(".")[0] in tables) == [

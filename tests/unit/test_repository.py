@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,38 @@ def test_two_directories_with_one_name_both_fail(tmp_path: Path) -> None:
         "give each its own name (name = ... in model.toml)"
     )
     assert found == [("c", 1, ""), ("mlp", 1, reason), ("mlp", 2, reason)]
+
+
+@pytest.mark.parametrize("model_file", ["/etc/passwd", "../other/model.onnx", "1/../../x.onnx", ""])
+def test_model_file_stays_inside_the_directory(tmp_path: Path, model_file: str) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.toml").write_text(
+        f"model_file = {model_file!r}\n".replace("\0", "\\u0000")
+    )
+    (src,) = scan_repository(tmp_path)
+    assert src.whole_model and "model_file" in src.error
+    assert "expected a file name inside the model's directory" in src.error
+
+
+def test_symlinks_out_of_the_model_directory_need_the_option(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "model.onnx").write_bytes(b"onnx")
+    repo = tmp_path / "repo"
+    (repo / "linked" / "1").mkdir(parents=True)
+    (repo / "linked" / "1" / "model.onnx").symlink_to(store / "model.onnx")
+    (repo / "inside" / "1").mkdir(parents=True)
+    (repo / "inside" / "1" / "real.onnx").write_bytes(b"onnx")
+    (repo / "inside" / "1" / "model.onnx").symlink_to("real.onnx")  # stays inside: fine
+    (repo / "fifo" / "1").mkdir(parents=True)
+    os.mkfifo(repo / "fifo" / "1" / "model.onnx")
+    errors = {src.name: src.error for src in scan_repository(repo)}
+    assert errors["inside"] == ""
+    assert errors["linked"] == (
+        f"{repo / 'linked' / '1' / 'model.onnx'} leads to {store / 'model.onnx'}, outside the "
+        f"model's directory {repo / 'linked'}; move the file in, or set "
+        "follow_model_symlinks = true in the daemon's config"
+    )
+    assert errors["fifo"] == f"{repo / 'fifo' / '1' / 'model.onnx'} is not a regular file"
+    followed = {src.name: src.error for src in scan_repository(repo, follow_symlinks=True)}
+    assert followed["linked"] == ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import (
@@ -124,7 +124,8 @@ class ModelConfig(Settings):
     backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     """`onnxruntime` (any provider), or `tensorrt`: a native engine built from the ONNX file."""
     model_file: str = "model.onnx"
-    """The model file inside each version directory."""
+    """The model file inside each version directory (a relative path that stays inside it:
+    no absolute path, no `..`)."""
     versions: list[int] = Field(default_factory=list)
     """Version directories to serve; empty serves every numbered directory."""
     preferred_provider: str | None = None
@@ -221,6 +222,17 @@ class ModelConfig(Settings):
     @classmethod
     def _check_preferred(cls, value: str | None) -> str | None:
         return None if value is None else normalise_provider(value)
+
+    @field_validator("model_file")
+    @classmethod
+    def _check_model_file(cls, value: str) -> str:
+        parts = PurePosixPath(value).parts
+        if not value or "\0" in value or value.startswith(("/", "\\")) or ".." in parts:
+            raise ValueError(
+                "expected a file name inside the model's directory (a relative path with no "
+                f"'..'), got {value!r}"
+            )
+        return value
 
     @field_validator("providers")
     @classmethod

@@ -115,6 +115,9 @@ class ModelRegistry:
     ) -> None:
         self._where = where or DeviceOptions()
         self.repository = repository
+        self.follow_symlinks = False
+        """Serve model files that symlinks lead outside their model's directory (the
+        config's follow_model_symlinks; the server sets it, and each reload)."""
         self._factory = backend_factory
         self._on_change = on_change or (lambda: None)
         self._models: dict[str, dict[int, ModelVersion]] = {}
@@ -132,7 +135,7 @@ class ModelRegistry:
 
     async def load_all(self) -> None:
         """Scan the repository and load every version concurrently on worker threads."""
-        sources = await asyncio.to_thread(scan_repository, self.repository)
+        sources = await asyncio.to_thread(scan_repository, self.repository, self.follow_symlinks)
         entries = [ModelVersion.from_source(src) for src in sources]
         for entry in entries:
             self._models.setdefault(entry.name, {})[entry.version] = entry
@@ -172,7 +175,7 @@ class ModelRegistry:
         """
         if repository is not None:
             self.repository = repository
-        sources = await asyncio.to_thread(scan_repository, self.repository)
+        sources = await asyncio.to_thread(scan_repository, self.repository, self.follow_symlinks)
         plan = plan_reload(self._models, sources)
         changes = RepositoryChanges(unchanged=plan.unchanged)
         added = [ModelVersion.from_source(src) for src in plan.added]

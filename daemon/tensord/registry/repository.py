@@ -83,11 +83,13 @@ class VersionSource:
         return self.path.parent
 
 
-def scan_repository(root: Path) -> list[VersionSource]:
+def scan_repository(root: Path, follow_symlinks: bool = False) -> list[VersionSource]:
     """Every model version under `root`, sorted by name then version.
 
     A broken model directory yields entries that carry its error, so it is reported
-    as FAILED while the others load; so do two directories that claim the same name.
+    as FAILED while the others load; so do two directories that claim the same name. A
+    model file that symlinks lead outside its model's directory fails too, unless
+    `follow_symlinks` (the config's follow_model_symlinks).
     """
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a directory")
@@ -97,12 +99,12 @@ def scan_repository(root: Path) -> list[VersionSource]:
         raise ModelLoadError(f"model repository {root}: cannot list: {exc}") from None
     found: list[VersionSource] = []
     for model_dir in model_dirs:
-        found.extend(_scan_model(model_dir))
+        found.extend(_scan_model(model_dir, follow_symlinks))
     found = _refuse_shared_names(found)
     return sorted(found, key=lambda src: (src.name, src.version))
 
 
-def _scan_model(model_dir: Path) -> list[VersionSource]:
+def _scan_model(model_dir: Path, follow_symlinks: bool) -> list[VersionSource]:
     """The versions of one model directory; one whole-model entry if it cannot be used."""
     try:
         config = read_model_config(model_dir)
@@ -110,7 +112,7 @@ def _scan_model(model_dir: Path) -> list[VersionSource]:
         return [_whole_model_failure(model_dir, model_dir.name, ModelConfig(), str(exc))]
     name = config.name or model_dir.name
     try:
-        return _scan_versions(model_dir, name, config)
+        return _scan_versions(model_dir, name, config, follow_symlinks)
     except OSError as exc:
         reason = f"{model_dir}: cannot read: {exc}"
         return [_whole_model_failure(model_dir, name, config, reason)]
@@ -122,7 +124,9 @@ def _whole_model_failure(
     return VersionSource(name, 1, model_dir, config, reason, (), model_dir, whole_model=True)
 
 
-def _scan_versions(model_dir: Path, name: str, config: ModelConfig) -> list[VersionSource]:
+def _scan_versions(
+    model_dir: Path, name: str, config: ModelConfig, follow_symlinks: bool
+) -> list[VersionSource]:
     on_disk, refused = _version_dirs(model_dir)
     if not on_disk and not refused and (model_dir / config.model_file).exists():
         on_disk = {1: model_dir}
@@ -151,7 +155,7 @@ def _scan_versions(model_dir: Path, name: str, config: ModelConfig) -> list[Vers
             sources.append(VersionSource(name, version, where, config, reason, (), model_dir))
             continue
         path = directory / config.model_file
-        error = "" if path.is_file() else f"{path} does not exist"
+        error = _model_file_problem(path, model_dir, follow_symlinks)
         if not error and config.kind == "generator":
             error = _generator_problem(directory, config.model_file)
         sources.append(
@@ -207,6 +211,22 @@ def _refuse_shared_names(found: list[VersionSource]) -> list[VersionSource]:
             src = replace(src, error=f"{reason}; {src.error}" if src.error else reason)
         kept.setdefault((src.name, src.version), src)
     return list(kept.values())
+
+
+def _model_file_problem(path: Path, model_dir: Path, follow_symlinks: bool) -> str:
+    """Why `path` cannot be served ("" when it can): missing, not a regular file, or led
+    outside the model's directory by symlinks."""
+    if not path.exists():
+        return f"{path} does not exist"
+    real = path.resolve()
+    if not follow_symlinks and not real.is_relative_to(model_dir.resolve()):
+        return (
+            f"{path} leads to {real}, outside the model's directory {model_dir}; move the "
+            "file in, or set follow_model_symlinks = true in the daemon's config"
+        )
+    if not real.is_file():
+        return f"{path} is not a regular file"
+    return ""
 
 
 def _holds_generator(directory: Path, model_file: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from tensord import __version__, heap
@@ -30,7 +30,7 @@ from tensord.registry.registry import (
     ModelState,
     default_backend_factory,
 )
-from tensord.server.health import HealthServicer
+from tensord.server.health import HealthServicer, add_health_servicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reload import (
     ConfigLoader,
@@ -78,9 +78,10 @@ class TensordServer:
         self.registry = ModelRegistry(
             config.model_repository, backend_factory, self._models_changed, where
         )
+        self.registry.follow_symlinks = config.follow_model_symlinks
         self.dataplane = DataPlane(self.registry)
         self.dataplane.on_device_lost = self.registry.on_device_lost = self._device_lost
-        self.health = HealthServicer()
+        self.health = HealthServicer(MODEL_HEALTH_PREFIX)
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._announced: set[str] = set()
         self.port = 0
@@ -116,7 +117,7 @@ class TensordServer:
         self._calls = servicer.calls
         self._intake = servicer.intake
         add_servicer(servicer, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        add_health_servicer(self.health, self._server, servicer.intake)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
@@ -259,7 +260,7 @@ class TensordServer:
         self._stop_requested.set()
         self.notifier.stopping(f"draining: in-flight calls get {grace:g} s")
         self.dataplane.serving = False
-        self._intake.close()  # calls still waiting for their message must not hold the drain
+        self._intake.close()  # calls waiting for their message end; they never hold a drain
         if self.watchdog is not None:
             await self.watchdog.stop()
         await self.health.enter_graceful_shutdown()
@@ -291,6 +292,7 @@ class TensordServer:
 
         if self._calls.count and await self._calls.wait_idle(left()):
             await asyncio.sleep(min(_REPLY_LINGER_S, left()))
+        self._intake.stop()  # health calls still waiting for their message end too
         await self._server.stop(left())
         end_streams.cancel()
         # gRPC has stopped (every call answered, or cancelled as the grace ran out): a run
@@ -307,6 +309,7 @@ class TensordServer:
 
     def _apply_limits(self, config: TensordConfig) -> None:
         self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens
+        self.registry.follow_symlinks = config.follow_model_symlinks
         self._intake.limits = config.limits
 
     async def _end_streams(self) -> None:

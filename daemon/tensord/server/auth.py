@@ -224,6 +224,11 @@ class Authenticator:
         return grant.principal
 
 
+def has_authorization(metadata: Sequence[tuple[str, str | bytes]] | None) -> bool:
+    """Whether the call carries `authorization` metadata."""
+    return any(key == AUTHORIZATION for key, _ in metadata or ())
+
+
 def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
     """The token of the `authorization: Bearer ...` metadata; UNAUTHENTICATED if absent."""
     for key, value in metadata or ():

@@ -41,12 +41,17 @@ _CLIENT_CODES = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
     }
 )
 
 Resp = TypeVar("Resp")
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
+
+_DURING_DRAIN = frozenset({"Health", "Info"})
+"""Calls served while a drain runs (the data plane answers NOT_SERVING for Health)."""
 
 # Made-up ids: a random per-process prefix and a counter, 32 hex digits, unique without
 # paying for uuid4 on every call.
@@ -237,7 +242,7 @@ def unary_rpc(
             context.set_trailing_metadata(((REQUEST_ID, rid),))
             request: Any = _Held()
             try:
-                raw = await self.intake.receive(context)
+                raw = await self.intake.receive(context, rpc in _DURING_DRAIN)
                 with self.intake.budget(len(raw)), self.calls:
                     request = await _admit(self, rpc, raw, message_type, request)
                     response = await method(self, request, context, rid)
@@ -271,7 +276,7 @@ def stream_rpc(
             context.set_trailing_metadata(((REQUEST_ID, rid),))
             request: Any = _Held()
             try:
-                raw = await self.intake.receive(context)
+                raw = await self.intake.receive(context, rpc in _DURING_DRAIN)
                 with self.intake.budget(len(raw)), self.calls:
                     request = await _admit(self, rpc, raw, message_type, request)
                     async for item in method(self, request, context, rid):

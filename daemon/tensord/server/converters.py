@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from tensord.backends.base import TensorSpec
@@ -140,7 +141,9 @@ def health_response(report: HealthReport) -> pb.HealthResponse:
     return pb.HealthResponse(
         status=status,
         models=[
-            pb.ModelHealth(name=mv.name, version=mv.version, state=_state(mv), reason=mv.reason)
+            pb.ModelHealth(
+                name=mv.name, version=mv.version, state=_state(mv), reason=report.redact(mv.reason)
+            )
             for mv in report.models
         ],
     )
@@ -159,13 +162,13 @@ def _spec(spec: TensorSpec) -> pb.TensorSpec:
     )
 
 
-def model_info(mv: ModelVersion) -> pb.ModelInfo:
-    """Encode one model version for Info."""
+def model_info(mv: ModelVersion, redact: Callable[[str], str] = str) -> pb.ModelInfo:
+    """Encode one model version for Info; `redact` is what its failure reason may show."""
     info = pb.ModelInfo(
         name=mv.name,
         version=mv.version,
         state=_state(mv),
-        reason=mv.reason,
+        reason=redact(mv.reason),
         backend=mv.config.backend,
         inputs=[_spec(s) for s in mv.inputs],
         outputs=[_spec(s) for s in mv.outputs],
@@ -271,5 +274,5 @@ def info_response(info: ServerInfo) -> pb.InfoResponse:
         cuda_runtime_version=info.gpu.runtime_version,
         available_providers=info.available_providers,
         tensorrt=info.tensorrt,
-        models=[model_info(mv) for mv in info.models],
+        models=[model_info(mv, info.redact) for mv in info.models],
     )

@@ -35,6 +35,7 @@ from tensord.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
     ResourceExhaustedError,
+    TensordError,
     UnavailableError,
 )
 from tensord.wire import LENGTH, VARINT, WireError, count_varints, fields
@@ -185,13 +186,19 @@ class Intake:
         self.limits = limits
         self.bytes_in_flight = 0
         self._closing = asyncio.Event()
+        self._stopping = asyncio.Event()
 
-    async def receive(self, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        """The call's one request message, as bytes."""
-        if self._closing.is_set():
+    async def receive(
+        self, context: grpc.aio.ServicerContext[Any, Any], during_drain: bool = False
+    ) -> bytes:
+        """The call's one request message, as bytes. A drain refuses new calls and ends
+        those still waiting, except `during_drain` ones (health, which load balancers poll
+        while the drain delay runs): those end only when gRPC stops."""
+        ended = self._stopping if during_drain else self._closing
+        if ended.is_set():
             raise UnavailableError(NOT_SERVING)
         read = asyncio.ensure_future(context.read())
-        closing = asyncio.ensure_future(self._closing.wait())
+        closing = asyncio.ensure_future(ended.wait())
         try:
             done, _ = await asyncio.wait(
                 (read, closing),
@@ -220,8 +227,14 @@ class Intake:
         return bytes(message)
 
     def close(self) -> None:
-        """Drain: calls still waiting for their message end now, and new ones at once."""
+        """Drain: calls still waiting for their message end now, and new ones at once
+        (health aside, until stop())."""
         self._closing.set()
+
+    def stop(self) -> None:
+        """gRPC is stopping: every call still waiting for its message ends now."""
+        self._closing.set()
+        self._stopping.set()
 
     @contextlib.contextmanager
     def budget(self, size: int) -> Iterator[None]:
@@ -275,6 +288,64 @@ class Intake:
                 f"the request is not a valid {message_type.DESCRIPTOR.full_name} message "
                 f"({exc}); check the client's stubs against the server's contract (tensord.v1)"
             ) from None
+
+
+def bounded_handlers(
+    handlers: dict[str, grpc.RpcMethodHandler], intake: Intake
+) -> dict[str, grpc.RpcMethodHandler]:
+    """Another service's handlers (grpc.health.v1) with their one request message received
+    through `intake`: the same receive deadline, the same end at a drain."""
+    wrapped = {}
+    for name, handler in handlers.items():
+        if handler.request_streaming:
+            wrapped[name] = handler
+        elif handler.response_streaming:
+            wrapped[name] = grpc.stream_stream_rpc_method_handler(
+                _bounded_stream(handler, intake), response_serializer=handler.response_serializer
+            )
+        else:
+            wrapped[name] = grpc.stream_unary_rpc_method_handler(
+                _bounded_unary(handler, intake), response_serializer=handler.response_serializer
+            )
+    return wrapped
+
+
+async def _received(handler: grpc.RpcMethodHandler, intake: Intake, context: Any) -> Any:
+    """The call's request, parsed with the handler's own deserializer; the call ends with
+    the status of whatever goes wrong."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        raw = await intake.receive(context, during_drain=True)
+        if len(raw) > _SMALL_MESSAGE_BYTES:
+            raise InvalidArgumentError(
+                f"the request takes {len(raw)} bytes; this service's requests are never "
+                f"larger than {_SMALL_MESSAGE_BYTES}"
+            )
+        return handler.request_deserializer(raw)
+    except TensordError as exc:
+        await context.abort(exc.code, exc.message)
+    except DecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a valid request ({exc})")
+
+
+def _bounded_unary(handler: grpc.RpcMethodHandler, intake: Intake) -> Any:
+    async def unary(request_iterator: Any, context: Any) -> Any:
+        return await handler.unary_unary(await _received(handler, intake, context), context)
+
+    return unary
+
+
+def _bounded_stream(handler: grpc.RpcMethodHandler, intake: Intake) -> Any:
+    async def stream(request_iterator: Any, context: Any) -> Any:
+        result = handler.unary_stream(await _received(handler, intake, context), context)
+        if hasattr(result, "__aiter__"):
+            async for item in result:
+                yield item
+        else:  # a coroutine that writes with context.write
+            await result
+
+    return stream
 
 
 def _consume(read: asyncio.Future[Any]) -> None:

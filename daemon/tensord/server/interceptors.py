@@ -17,7 +17,7 @@ import structlog
 
 from tensord.access import current_principal
 from tensord.errors import ResourceExhaustedError, TensordError
-from tensord.server.auth import Authenticator
+from tensord.server.auth import Authenticator, has_authorization
 from tensord.server.context import REQUEST_ID, request_id
 from tensord.server.status import error_trailers
 from tensord.server.watchdog import PROBED_METHOD, is_probe
@@ -74,9 +74,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
-        if self._auth.is_open(method) or (
-            method == PROBED_METHOD and is_probe(handler_call_details.invocation_metadata)
-        ):
+        metadata = handler_call_details.invocation_metadata
+        if method == PROBED_METHOD and is_probe(metadata):
+            return await continuation(handler_call_details)
+        if self._auth.is_open(method) and not has_authorization(metadata):
+            # Anonymous, as load balancers and probes call it. A caller who brings a token
+            # is that token's principal, open method or not: it sees its own models.
             return await continuation(handler_call_details)
         try:
             principal = self._auth.admit(handler_call_details.invocation_metadata)

@@ -65,6 +65,7 @@ RESTART_ONLY_KEYS = (
 # [auth] settings). Every key is in exactly one of these two lists (a test checks it).
 LIVE_KEYS = (
     "model_repository",
+    "follow_model_symlinks",
     "server.drain_grace_seconds",
     "server.drain_delay_seconds",
     "server.switch_interval_us",
