@@ -11,8 +11,9 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 DEMO_REPO ?= build/demo-models
 ARGS ?=
 SOAK_ARGS ?=
+FUZZ_SECONDS ?= 600
 
-.PHONY: setup setup-gpu proto demo serve test test-packages bench bench-soak bench-gpu lint npm-deps systemd-tools clean help
+.PHONY: setup setup-gpu proto demo serve test test-packages bench bench-soak bench-fuzz bench-gpu lint npm-deps systemd-tools clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
@@ -22,6 +23,7 @@ help:
 	@echo "make proto      regenerate the Python stubs from protos/"
 	@echo "make bench      run the Predict (batching off, then on) and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
+	@echo "make bench-fuzz fuzz the daemon for FUZZ_SECONDS (600; make test fuzzes 30 s)"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
 	@echo "make lint       ruff and mypy"
 
@@ -109,6 +111,11 @@ bench: $(SETUP_STAMP) $(VENV)/.setup-export demo
 	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
 	$(PY) benchmarks/generate_hf_bench.py $(GENERATE_HF_ARGS)
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
+	TENSORD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -p no:cacheprovider tests/e2e/test_fuzz.py
+
+# The fuzz tier alone, longer than make test's 30 s (FUZZ_SECONDS, TENSORD_FUZZ_SEED).
+bench-fuzz: $(SETUP_STAMP)
+	TENSORD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -p no:cacheprovider tests/e2e/test_fuzz.py
 
 bench-soak: $(SETUP_STAMP) demo
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
