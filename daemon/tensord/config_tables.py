@@ -19,7 +19,12 @@ from pydantic import (
 )
 
 INT32_MAX = 2**31 - 1
-"""gRPC takes its channel arguments (message sizes, streams per connection) as C ints."""
+"""gRPC takes its channel arguments (message sizes, streams per connection) as C ints, and
+ONNX Runtime and TensorRT their sizes as 32-bit ints."""
+MAX_THREADS = 1024
+"""The most threads one ONNX Runtime session may be given per pool."""
+MAX_INSTANCES = 256
+"""The most instances (lanes, sessions) of one model."""
 
 
 def _takes_number(annotation: Any) -> bool:
@@ -129,7 +134,7 @@ class AuthSettings(Settings):
     rate_per_second: float = Field(default=0.0, ge=0, le=1e9, allow_inf_nan=False)
     """Requests per second each token may make, unless its entry sets its own; 0: no limit.
     Beyond it, RESOURCE_EXHAUSTED with the time to wait."""
-    burst: int = Field(default=0, ge=0)
+    burst: int = Field(default=0, ge=0, le=1_000_000_000)
     """Requests a token may make at once above its rate (the bucket size); 0: the rate
     rounded up, at least 1."""
 
@@ -149,10 +154,10 @@ class LimitsSettings(Settings):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_prompt_tokens: int = Field(default=0, ge=0)
+    max_prompt_tokens: int = Field(default=0, ge=0, le=INT32_MAX)
     """Longest prompt, in tokens, that Generate accepts (longer: INVALID_ARGUMENT); 0: only
     the model's context length bounds it."""
-    max_generate_streams: int = Field(default=0, ge=0)
+    max_generate_streams: int = Field(default=0, ge=0, le=INT32_MAX)
     """Generate streams in progress at once across the daemon; more get RESOURCE_EXHAUSTED
     at once. 0: no limit beyond the engine's own."""
     max_tensors_per_request: int = Field(default=256, ge=1, le=1_000_000)

@@ -98,3 +98,29 @@ def test_a_boolean_is_not_a_number_in_the_daemon_config(tmp_path: Path) -> None:
     path.write_text("[limits]\nmax_prompt_tokens = true\n")
     with pytest.raises(ConfigError, match=r"limits.max_prompt_tokens: .*got the boolean true"):
         load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (
+            "instance_count = 1099511627776\n",
+            "instance_count: Input should be less than or equal to 256",
+        ),
+        (
+            "intra_op_threads = 4294967296\n",
+            "intra_op_threads: Input should be less than or equal to 1024",
+        ),
+        (
+            "[generator]\nnum_blocks = 4294967296\n",
+            "generator.num_blocks: Input should be less than",
+        ),
+    ],
+)
+def test_numbers_past_what_the_runtimes_take_are_refused(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    (tmp_path / "model.toml").write_text(text)
+    with pytest.raises(ModelLoadError) as info:
+        read_model_config(tmp_path)
+    assert words in str(info.value)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from tensord.config_tables import Settings
+from tensord.config_tables import INT32_MAX, MAX_THREADS, Settings
 from tensord.errors import ModelLoadError
 from tensord.generate.batch_layout import BatchLayout
 
@@ -26,26 +26,26 @@ class GeneratorConfig(Settings):
 
     block_size: int = Field(default=16, ge=1, le=4096)
     """Tokens per KV cache block: the unit of allocation and of prefix sharing."""
-    kv_cache_bytes: int | None = Field(default=None, ge=1)
+    kv_cache_bytes: int | None = Field(default=None, ge=1, le=2**62)
     """The KV pool's size in bytes (keys and values of every layer); default 256 MiB
     when num_blocks is not set either. The pool is allocated and written once at load, so
     this memory is reserved up front and the process does not grow as sequences fill it."""
-    num_blocks: int | None = Field(default=None, ge=1)
+    num_blocks: int | None = Field(default=None, ge=1, le=INT32_MAX)
     """The KV pool's size in blocks, instead of kv_cache_bytes."""
-    max_num_seqs: int = Field(default=64, ge=1)
+    max_num_seqs: int = Field(default=64, ge=1, le=65_536)
     """Sequences that may run (hold KV blocks and decode) at once."""
-    max_num_batched_tokens: int = Field(default=2048, ge=1)
+    max_num_batched_tokens: int = Field(default=2048, ge=1, le=INT32_MAX)
     """Tokens one engine step may process: prompt tokens of joining sequences plus one per
     decoding sequence."""
     max_queue_size: int = Field(default=1024, ge=0)
     """Requests that may wait to start; beyond it Generate answers RESOURCE_EXHAUSTED.
     0 means unbounded."""
-    max_model_len: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1, le=INT32_MAX)
     """Longest sequence (prompt + generated tokens); default and upper bound: the model's
     context length (config.json's max_position_embeddings, n_positions, max_seq_len,
     seq_length or n_ctx). A model that declares none (ALiBi: BLOOM, MPT) takes any value
     here, and 2048 by default."""
-    intra_op_threads: int = Field(default=1, ge=0)
+    intra_op_threads: int = Field(default=1, ge=0, le=MAX_THREADS)
     """Threads one model step may use inside an operator; 0 lets ONNX Runtime use one per
     core. The default leaves the other cores to the event loop, which detokenizes and
     streams every token while the next step runs (measured on 2 cores: as many tokens/s

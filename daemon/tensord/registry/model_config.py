@@ -16,7 +16,7 @@ from pydantic import (
 from tensord import dtypes
 from tensord.backends.providers import normalise_provider
 from tensord.config import format_validation_error
-from tensord.config_tables import Settings
+from tensord.config_tables import INT32_MAX, MAX_INSTANCES, MAX_THREADS, Settings
 from tensord.errors import ModelLoadError
 from tensord.files import read_toml
 from tensord.processing.config import PostprocessConfig, PreprocessConfig
@@ -91,11 +91,11 @@ class TensorRTConfig(Settings):
     """Native backend: build INT8 kernels (needs calibration_file)."""
     calibration_file: str | None = None
     """Native backend: a .npy of representative inputs for INT8 calibration."""
-    min_batch: int = Field(default=1, ge=1)
+    min_batch: int = Field(default=1, ge=1, le=INT32_MAX)
     """Native backend: the optimisation profile's smallest batch."""
-    opt_batch: int = Field(default=8, ge=1)
+    opt_batch: int = Field(default=8, ge=1, le=INT32_MAX)
     """Native backend: the batch TensorRT tunes for."""
-    max_batch: int = Field(default=64, ge=1)
+    max_batch: int = Field(default=64, ge=1, le=INT32_MAX)
     """Native backend: the optimisation profile's largest batch."""
 
     @model_validator(mode="after")
@@ -132,16 +132,16 @@ class ModelConfig(Settings):
     """An execution provider to try first, when this host has it (e.g. "cuda")."""
     providers: list[str] = Field(default_factory=list)
     """Provider order; empty means TensorRT > CUDA > ROCm > CoreML > DirectML > OpenVINO > CPU."""
-    intra_op_threads: int = Field(default=1, ge=0)
+    intra_op_threads: int = Field(default=1, ge=0, le=MAX_THREADS)
     """Threads one run may use inside an operator; 0 lets ONNX Runtime use every core."""
-    inter_op_threads: int = Field(default=1, ge=0)
+    inter_op_threads: int = Field(default=1, ge=0, le=MAX_THREADS)
     """Threads for running independent operators in parallel; 0 is ONNX Runtime's default."""
     allow_spinning: bool = False
     """Let ONNX Runtime's threads spin while idle (fast when cores are free, collapses under
     contention)."""
-    instance_count: int = Field(default=2, ge=1)
+    instance_count: int = Field(default=2, ge=1, le=MAX_INSTANCES)
     """Runs of this model that may execute at the same time."""
-    max_batch_size: int = Field(default=0, ge=0)
+    max_batch_size: int = Field(default=0, ge=0, le=INT32_MAX)
     """Largest first (batch) dimension per request; 0 means the model does not batch."""
     tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
     """TensorRT provider options."""

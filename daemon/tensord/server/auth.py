@@ -103,7 +103,7 @@ class TokenEntry(Settings):
     """Models this token may use; `*` allows every model."""
     rate_per_second: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
     """Requests per second for this token; absent: [auth] rate_per_second; 0: no limit."""
-    burst: int | None = Field(default=None, ge=0)
+    burst: int | None = Field(default=None, ge=0, le=1_000_000_000)
     """Bucket size for this token; absent: [auth] burst."""
 
     @field_validator("sha256")
