@@ -56,13 +56,21 @@ def seeds() -> list[tuple[str, bytes]]:
     ]
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """An unsigned varint's bytes."""
     out = bytearray()
     while True:
         low, n = n & 0x7F, n >> 7
         out.append(low | (0x80 if n else 0))
         if not n:
             return bytes(out)
+
+
+def field(number: int, payload: bytes | int) -> bytes:
+    """A length-delimited field, or a varint field for an int."""
+    if isinstance(payload, int):
+        return varint(number << 3) + varint(payload)
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def _flip(rng: np.random.Generator, data: bytearray) -> None:
@@ -100,9 +108,9 @@ def _field(rng: np.random.Generator, data: bytearray) -> None:
     """A field that does not belong: an odd number and wire type, a huge varint or length."""
     number = int(rng.choice([1, 2, 3, 4, 5, 6, 15, 16, 2047, 536870911]))
     wire = int(rng.integers(8))
-    value = _varint(int(rng.choice([0, 1, 127, 128, 2**31, 2**63, 2**64 - 1])))
+    value = varint(int(rng.choice([0, 1, 127, 128, 2**31, 2**63, 2**64 - 1])))
     i = int(rng.integers(len(data) + 1))
-    data[i:i] = _varint(number << 3 | wire) + value + rng.bytes(int(rng.integers(8)))
+    data[i:i] = varint(number << 3 | wire) + value + rng.bytes(int(rng.integers(8)))
 
 
 def _splice(rng: np.random.Generator, data: bytearray, other: bytes) -> None:

@@ -180,9 +180,8 @@ def _decode_raw(
         )
     array = np.frombuffer(raw, dtype=dtype.numpy, count=count)
     if dtype is DType.BOOL and count:
-        bad = np.flatnonzero(array.view(np.uint8) > 1)
-        if bad.size:
-            i = int(bad[0])
+        i = _first(array.view(np.uint8) > 1)
+        if i is not None:
             raise InvalidArgumentError(
                 f"{_label(where, tensor)}: raw_data byte {i} is {raw[i]}; BOOL raw_data is one "
                 "byte per element, 0 or 1"
@@ -253,9 +252,8 @@ def _decode_contents(
     if field == "int_values":
         wide = _numbers(values, np.dtype(np.int64))
         info = np.iinfo(dtype.numpy)
-        bad = np.flatnonzero((wide < info.min) | (wide > info.max))
-        if bad.size:
-            i = int(bad[0])
+        i = _first((wide < info.min) | (wide > info.max))
+        if i is not None:
             raise InvalidArgumentError(
                 f"{label}: contents.int_values[{i}] = {int(wide[i])} is out of range for "
                 f"{dtype_name(dtype)} [{info.min}, {info.max}]"
@@ -265,15 +263,20 @@ def _decode_contents(
         wide = _numbers(values, np.dtype(np.float32))
         with np.errstate(over="ignore"):
             narrow = wide.astype(np.float16)
-        bad = np.flatnonzero(np.isfinite(wide) & ~np.isfinite(narrow))
-        if bad.size:
-            i = int(bad[0])
+        i = _first(np.isfinite(wide) & ~np.isfinite(narrow))
+        if i is not None:
             raise InvalidArgumentError(
                 f"{label}: contents.float_values[{i}] = {float(wide[i]):g} is out of range for "
                 "DATA_TYPE_FLOAT16 (largest 65504)"
             )
         return narrow.reshape(shape)
     return _numbers(values, dtype.numpy).reshape(shape)
+
+
+def _first(mask: np.ndarray) -> int | None:
+    """The index of the first true element, or None."""
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
 
 
 _CHUNK = 65_536

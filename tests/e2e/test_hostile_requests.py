@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import Daemon, listening_port, spawn_daemon, wait_serving
-from tests.grpc.test_intake import EMPTY_TENSOR, field, varint
+from tests.fuzzing import field, varint
+from tests.grpc.test_intake import EMPTY_TENSOR
 from tests.notify_socket import NotifyListener
 
 PREDICT = "/tensord.v1.InferenceService/Predict"

@@ -16,6 +16,7 @@ import pytest
 from tensord.server.auth import hash_token, token_entry
 from tensord.v1 import inference_pb2 as pb
 from tests.conftest import ServerThread, serve
+from tests.fuzzing import field, varint
 from tests.raw_h2 import RawConnection
 
 PREDICT = "/tensord.v1.InferenceService/Predict"
@@ -23,22 +24,6 @@ GENERATE = "/tensord.v1.InferenceService/Generate"
 HEALTH = "/tensord.v1.InferenceService/Health"
 INVALID, DEADLINE = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DEADLINE_EXCEEDED
 EXHAUSTED, DENIED = grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.PERMISSION_DENIED
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def field(number: int, payload: bytes | int) -> bytes:
-    """A length-delimited field, or a varint field for an int."""
-    if isinstance(payload, int):
-        return varint(number << 3) + varint(payload)
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 EMPTY_TENSOR = field(3, field(3, b"\0"))

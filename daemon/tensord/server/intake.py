@@ -120,15 +120,25 @@ class _Walk:
         return count_varints(self.data, field.value, field.end), True
 
 
+def _model_and_version(walk: _Walk, field: Any, look: Look) -> bool:
+    """Fields 1 and 2 of every request: the model name and version (True when `field` was
+    one of them)."""
+    if field.number == 1:
+        look.model = walk.model(field)
+    elif field.number == 2 and field.wire_type == VARINT:
+        look.version = field.value
+    else:
+        return False
+    return True
+
+
 def _look_predict(walk: _Walk) -> Look:
     look = Look()
     tensors = names = 0
     for field in walk.fields():
-        if field.number == 1:
-            look.model = walk.model(field)
-        elif field.number == 2 and field.wire_type == VARINT:
-            look.version = field.value
-        elif field.number == 3 and field.wire_type == LENGTH:
+        if _model_and_version(walk, field, look):
+            continue
+        if field.number == 3 and field.wire_type == LENGTH:
             tensors = walk.tensor_count(tensors, "input tensors")
             for inner in walk.fields(field.value, field.end):  # a Tensor, and its contents
                 if inner.number == 5 and inner.wire_type == LENGTH:
@@ -142,11 +152,9 @@ def _look_predict(walk: _Walk) -> Look:
 def _look_generate(walk: _Walk) -> Look:
     look = Look()
     for field in walk.fields():
-        if field.number == 1:
-            look.model = walk.model(field)
-        elif field.number == 2 and field.wire_type == VARINT:
-            look.version = field.value
-        elif field.number == 3 and field.wire_type == LENGTH:
+        if _model_and_version(walk, field, look):
+            continue
+        if field.number == 3 and field.wire_type == LENGTH:
             look.prompt_bytes += field.end - field.value
         elif field.number == 4:
             count, exact = walk.repeated_numbers(field)
@@ -166,8 +174,7 @@ def _look_generate(walk: _Walk) -> Look:
 def _look_model(walk: _Walk) -> Look:
     look = Look()
     for field in walk.fields():
-        if field.number == 1:
-            look.model = walk.model(field)
+        _model_and_version(walk, field, look)
     return look
 
 
