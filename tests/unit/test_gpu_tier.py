@@ -1,0 +1,38 @@
+"""The GPU tier's own plumbing, checked on any host: its tests import what they use, and
+TENSORD_REQUIRE_GPU turns a skipped GPU test into a failure that says what the probe saw."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensord.devices import probe_gpus
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_kernel_tests_use_the_nms_twin_not_the_package_name() -> None:
+    """tensord.kernels re-exports the function nms over its submodule of that name."""
+    from tensord.kernels.nms import nms
+    from tests.gpu import test_kernels
+
+    assert test_kernels.nms_twin is nms
+
+
+def test_require_gpu_fails_instead_of_skipping() -> None:
+    report = probe_gpus()
+    if report.gpus:
+        pytest.skip("a CUDA device is visible here: the GPU tests run for real")
+    env = {**os.environ, "TENSORD_REQUIRE_GPU": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/gpu/test_sticky_error.py"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "TENSORD_REQUIRE_GPU=1, but no CUDA device: " in done.stdout
+    assert report.unavailable_reason in done.stdout
