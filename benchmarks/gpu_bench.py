@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import use_venv
-from cuda.bindings import driver, nvrtc
+from cuda.bindings import driver
 from cuda.bindings import runtime as cudart
 
 from tensord.backends.base import DeviceTensor
@@ -39,6 +39,7 @@ from tensord.devices import probe_gpus
 from tensord.executor.cuda.executor import CudaExecutor
 from tensord.executor.cuda.pools import PinnedHostPool
 from tensord.executor.cuda.runtime import check
+from tensord.kernels.compiler import arch_for, compile_source
 
 H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
 SPIN = rb"""
@@ -53,14 +54,6 @@ extern "C" __global__ void spin(float* x, long long n, int iters) {
 """
 
 
-def nvrtc_check(result: Any, call: str) -> Any:
-    """The values of an NVRTC call, or RuntimeError naming it."""
-    values = result if isinstance(result, tuple) else (result,)
-    if values[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"{call} failed: {values[0]}")
-    return values[1] if len(values) == 2 else values[1:]
-
-
 def drv_check(result: Any, call: str) -> Any:
     """The values of a driver API call, or RuntimeError naming it."""
     values = result if isinstance(result, tuple) else (result,)
@@ -70,15 +63,12 @@ def drv_check(result: Any, call: str) -> Any:
 
 
 def compile_spin(device: int) -> Any:
-    """The spin kernel, compiled for this device's compute capability."""
+    """The spin kernel, as a CUBIN for this device's compute capability (no PTX for the
+    driver to JIT: a driver older than NVRTC refuses newer PTX)."""
     props = check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
-    arch = f"--gpu-architecture=compute_{props.major}{props.minor}".encode()
-    prog = nvrtc_check(nvrtc.nvrtcCreateProgram(SPIN, b"spin.cu", 0, [], []), "nvrtcCreateProgram")
-    nvrtc_check(nvrtc.nvrtcCompileProgram(prog, 1, [arch]), "nvrtcCompileProgram")
-    size = nvrtc_check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-    ptx = b" " * size
-    nvrtc_check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
-    module = drv_check(driver.cuModuleLoadData(ptx), "cuModuleLoadData")
+    arch = arch_for(int(props.major), int(props.minor))
+    cubin = compile_source(SPIN, "spin.cu", arch, options=()).cubin
+    module = drv_check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
     return drv_check(driver.cuModuleGetFunction(module, b"spin"), "cuModuleGetFunction")
 
 

@@ -10,11 +10,12 @@ import json
 import sys
 from typing import Any
 
-from cuda.bindings import driver, nvrtc
+from cuda.bindings import driver
 from cuda.bindings import runtime as cudart
 
 from tensord.errors import DeviceLostError
 from tensord.executor.cuda.runtime import StickyCudaError, check
+from tensord.kernels.compiler import arch_for, compile_source
 
 KERNEL = rb"""
 extern "C" __global__ void poke(int* nowhere) { *nowhere = 1; }
@@ -29,13 +30,12 @@ def _ok(result: Any, call: str) -> Any:
 
 
 def compile_poke(device: int) -> Any:
+    """The kernel as a CUBIN for this device (PTX would be left to the driver's JIT, which
+    a driver older than NVRTC refuses)."""
     props = check(cudart.cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
-    arch = f"--gpu-architecture=compute_{props.major}{props.minor}".encode()
-    prog = _ok(nvrtc.nvrtcCreateProgram(KERNEL, b"poke.cu", 0, [], []), "nvrtcCreateProgram")
-    _ok(nvrtc.nvrtcCompileProgram(prog, 1, [arch]), "nvrtcCompileProgram")
-    ptx = b" " * _ok(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-    _ok(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
-    module = _ok(driver.cuModuleLoadData(ptx), "cuModuleLoadData")
+    arch = arch_for(int(props.major), int(props.minor))
+    cubin = compile_source(KERNEL, "poke.cu", arch, options=()).cubin
+    module = _ok(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
     return _ok(driver.cuModuleGetFunction(module, b"poke"), "cuModuleGetFunction")
 
 

@@ -36,3 +36,23 @@ def test_require_gpu_fails_instead_of_skipping() -> None:
     assert done.returncode == 1, done.stdout[-2000:]
     assert "TENSORD_REQUIRE_GPU=1, but no CUDA device: " in done.stdout
     assert report.unavailable_reason in done.stdout
+
+
+def test_the_test_and_benchmark_kernels_build_as_cubins_for_hopper() -> None:
+    """The sticky-error test's and gpu_bench's own kernels compile to CUBINs (no PTX for a
+    driver to refuse), like the production kernels; NVRTC needs no GPU."""
+    from tensord.kernels.compiler import arch_for, compile_source, supported_archs
+    from tests.gpu.illegal_address import KERNEL
+    from tests.tools import require_module
+
+    require_module("cuda.bindings.nvrtc")
+    if 90 not in supported_archs():
+        pytest.fail(f"this NVRTC does not build sm_90: {supported_archs()}")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from gpu_bench import SPIN  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    for source, name in ((KERNEL, "poke.cu"), (SPIN, "spin.cu")):
+        cubin = compile_source(source, name, arch_for(9, 0), options=()).cubin
+        assert cubin[:4] == b"\x7fELF", name

@@ -112,15 +112,27 @@ def compile_cubin(
     bundle: SourceBundle, arch: str, options: tuple[str, ...] = COMPILE_OPTIONS
 ) -> Compiled:
     """Compile one family for `arch` (e.g. "sm_90"); NvrtcError with the log on failure."""
+    return compile_source(bundle.source, bundle.family.file, arch, options, bundle.headers)
+
+
+def compile_source(
+    source: bytes | str,
+    filename: str,
+    arch: str,
+    options: tuple[str, ...] = COMPILE_OPTIONS,
+    headers: tuple[tuple[str, bytes], ...] = (),
+) -> Compiled:
+    """CUDA C to a CUBIN for `arch` (e.g. "sm_90", from arch_for): the device runs it as it
+    is, so no PTX is left for the driver to JIT (a driver older than NVRTC's PTX ISA
+    refuses the PTX). NvrtcError with the log on failure."""
     from cuda.bindings import nvrtc
 
     nvrtc_version()
-    names = [name.encode() for name, _ in bundle.headers]
-    texts = [text for _, text in bundle.headers]
+    text = source.encode() if isinstance(source, str) else source
+    names = [name.encode() for name, _ in headers]
+    texts = [header for _, header in headers]
     prog = _check(
-        nvrtc.nvrtcCreateProgram(
-            bundle.source, bundle.family.file.encode(), len(texts), texts, names
-        ),
+        nvrtc.nvrtcCreateProgram(text, filename.encode(), len(texts), texts, names),
         "nvrtcCreateProgram",
     )
     try:
@@ -128,7 +140,7 @@ def compile_cubin(
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(args), args)
         log = _log(prog)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise NvrtcError(f"{bundle.family.file} does not compile for {arch}:\n{log}")
+            raise NvrtcError(f"{filename} does not compile for {arch}:\n{log}")
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
