@@ -1,4 +1,7 @@
-"""Shared fixtures: model repositories built locally, and real servers on loopback port 0."""
+"""Shared fixtures: model repositories built locally, and real servers on loopback port 0.
+
+Nothing of the serving stack is imported until a fixture or helper needs it, so the GPU
+tier's kernel tests run where only NumPy, cuda-bindings and NVRTC are installed."""
 
 from __future__ import annotations
 
@@ -11,20 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tensord.config import TensordConfig, load_config
-from tensord.demo import build_demo_repository
-from tensord.server.app import TensordServer
-from tests.hf_families import ExportCache
-from tests.models import build_test_repository
-
 if TYPE_CHECKING:
+    from tensord.config import TensordConfig
+    from tensord.server.app import TensordServer
     from tensord.v1 import inference_pb2 as pb
     from tensord_client import Client
+    from tests.hf_families import ExportCache
 
 
 @pytest.fixture(scope="session")
 def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo repository (mlp, cnn), built once per session."""
+    from tensord.demo import build_demo_repository
+
     root = tmp_path_factory.mktemp("demo-models")
     build_demo_repository(root)
     return root
@@ -34,6 +36,7 @@ def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hf_exports(tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
     """Tiny Hugging Face models of many families exported with Optimum, each once per
     session on first use (the export extra: torch, transformers, optimum-onnx)."""
+    from tests.hf_families import ExportCache
     from tests.tools import require_module
 
     for module in ("torch", "transformers", "optimum.exporters.onnx"):
@@ -44,6 +47,8 @@ def hf_exports(tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
 @pytest.fixture(scope="session")
 def test_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Demo models plus identity, slow, two-output, versioned and corrupt models."""
+    from tests.models import build_test_repository
+
     return build_test_repository(tmp_path_factory.mktemp("test-models"))
 
 
@@ -65,6 +70,8 @@ class ServerThread:
         asyncio.set_event_loop(self.loop)
 
         async def start() -> None:
+            from tensord.server.app import TensordServer
+
             self.server = TensordServer(self.config, **self.options)
             self.port = await self.server.start()
 
@@ -113,6 +120,8 @@ def start_server(repo: Path, **server: object) -> ServerThread:
     """Start a server on a free loopback port over `repo` with [server] overrides."""
     overrides = {"model_repository": str(repo), "server.listen": "127.0.0.1:0"}
     overrides.update({f"server.{k}": v for k, v in server.items()})
+    from tensord.config import load_config
+
     return ServerThread(load_config(None, env={}, overrides=overrides)).start()
 
 
@@ -138,6 +147,8 @@ def small_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """mlp and cnn, and mlp_batched (dynamic batching on): cheap to load for many servers."""
     import shutil
 
+    from tensord.demo import build_demo_repository
+
     root = tmp_path_factory.mktemp("small-models")
     build_demo_repository(root)
     for extra in ("classifier", "tinylm"):
@@ -156,6 +167,8 @@ def serve(repo: Path, **settings: object) -> ServerThread:
     the dot (`tls__cert_file=...`, `server__max_connection_age_seconds=1`)."""
     overrides: dict[str, object] = {"model_repository": str(repo), "server.listen": "127.0.0.1:0"}
     overrides.update({k.replace("__", "."): v for k, v in settings.items()})
+    from tensord.config import load_config
+
     return ServerThread(load_config(None, env={}, overrides=overrides)).start()
 
 

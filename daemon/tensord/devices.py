@@ -48,7 +48,7 @@ def probe_gpus() -> GpuReport:
     try:
         from cuda.bindings import runtime as cudart
     except ImportError as exc:
-        return GpuReport(unavailable_reason=f"cuda-python is not installed ({exc})")
+        return GpuReport(unavailable_reason=f"cuda-bindings is not installed ({exc})")
     try:
         err, runtime = cudart.cudaRuntimeGetVersion()
         runtime_version = _cuda_version(runtime) if err == cudart.cudaError_t.cudaSuccess else ""

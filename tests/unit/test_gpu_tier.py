@@ -1,4 +1,5 @@
-"""The GPU tier's own plumbing, checked on any host: its tests import what they use, and
+"""The GPU tier's own plumbing, checked on any host: its tests import what they use (and
+no more), its kernels build as CUBINs, the CUDA dependency is the bindings themselves, and
 TENSORD_REQUIRE_GPU turns a skipped GPU test into a failure that says what the probe saw."""
 
 from __future__ import annotations
@@ -56,3 +57,30 @@ def test_the_test_and_benchmark_kernels_build_as_cubins_for_hopper() -> None:
     for source, name in ((KERNEL, "poke.cu"), (SPIN, "spin.cu")):
         cubin = compile_source(source, name, arch_for(9, 0), options=()).cubin
         assert cubin[:4] == b"\x7fELF", name
+
+
+def test_the_root_conftest_imports_nothing_of_the_serving_stack() -> None:
+    """Kernel-only GPU tests must not need grpc, pydantic or onnxruntime to be collected."""
+    code = (
+        "import sys, tests.conftest, tests.gpu.conftest, tests.gpu.test_kernels\n"
+        "heavy = {'grpc', 'pydantic', 'onnxruntime', 'tensord.server.app', 'structlog'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_cuda_dependency_is_cuda_bindings_not_the_meta_package() -> None:
+    """cuda-python pins one exact cuda-bindings (and cuda-core): an offline host with
+    another 13.x could not install tensord."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for name in ("cpu", "gpu"):
+        assert "cuda-bindings>=13,<14" in extras[name]
+        assert not [d for d in extras[name] if d.startswith(("cuda-python", "cuda-core"))]
