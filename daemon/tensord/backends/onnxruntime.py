@@ -10,10 +10,19 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import structlog
 
 from tensord import dtypes
 from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
-from tensord.backends.providers import explain_actual, plan_providers
+from tensord.backends.ort_session import (
+    CUDA,
+    TENSORRT,
+    StrictSession,
+    check_provider_options,
+    prepare_cuda_libraries,
+    usable_providers,
+)
+from tensord.backends.providers import CPU, explain_actual, plan_providers
 from tensord.dtypes import DType
 from tensord.errors import (
     DeviceLostError,
@@ -24,6 +33,8 @@ from tensord.errors import (
 )
 from tensord.executor.device_fault import sticky_error_in
 from tensord.registry.model_config import ModelConfig
+
+log = structlog.get_logger("tensord.backends")
 
 # Azure's provider calls a remote endpoint instead of running the graph here.
 _NOT_LOCAL = frozenset({"AzureExecutionProvider"})
@@ -140,6 +151,39 @@ def provider_options(
     return result
 
 
+def _open_session(
+    path: Path,
+    model: bytes | None,
+    options: ort.SessionOptions,
+    requested: list[tuple[str, dict[str, str]]],
+) -> tuple[ort.InferenceSession, str]:
+    """A session on the requested providers, each with its options (a CUDA provider on the
+    lane's stream), or, when a device provider fails to start, on the CPU alone, with the
+    reason. ModelLoadError when not even that loads."""
+    if model is not None:  # a rewritten graph: its external weights stay beside `path`
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(path.parent)
+        )
+    source = model if model is not None else str(path)
+    names = [name for name, _ in requested]
+    if any(name in (CUDA, TENSORRT) for name in names):
+        prepare_cuda_libraries()
+    try:
+        session = StrictSession(source, sess_options=options, providers=requested)
+        check_provider_options(session, requested)
+        return session, ""
+    except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
+        if names == [CPU]:
+            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
+        failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    log.warning("onnxruntime.provider_failed", model_path=str(path), providers=names, error=failed)
+    try:
+        session = StrictSession(source, sess_options=options, providers=[CPU])
+    except Exception as exc:
+        raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
+    return session, f"{names[0]} failed to start ({failed}); running on {CPU}"
+
+
 class OnnxRuntimeBackend:
     """Runs an ONNX file with the best available provider; CPU always works.
 
@@ -153,26 +197,17 @@ class OnnxRuntimeBackend:
         where: DeviceOptions | None = None,
         model: bytes | None = None,
     ) -> None:
-        plan = plan_providers(available_providers(), config.preferred_provider, config.providers)
+        plan = plan_providers(
+            usable_providers(available_providers()), config.preferred_provider, config.providers
+        )
         self.device_id = (where or DeviceOptions()).device_id
-        options = session_options(config)
-        if model is not None:
-            options.add_session_config_entry(
-                "session.model_external_initializers_file_folder_path", str(path.parent)
-            )
-        try:
-            self._session = ort.InferenceSession(
-                model if model is not None else str(path),
-                sess_options=options,
-                providers=provider_options(plan.providers, config, where or DeviceOptions()),
-            )
-        except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
-            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
+        requested = provider_options(plan.providers, config, where or DeviceOptions())
+        self._session, reason = _open_session(path, model, session_options(config), requested)
         actual = self._session.get_providers()
         self.placement = BackendPlacement(
             backend="onnxruntime",
             provider=actual[0],
-            provider_reason=explain_actual(plan, actual),
+            provider_reason=reason or explain_actual(plan, actual),
             requested_providers=plan.providers,
         )
         self.inputs = describe(self._session.get_inputs(), "input")
