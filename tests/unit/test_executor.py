@@ -22,7 +22,7 @@ from tensord.errors import (
 )
 from tensord.executor.base import RunResult
 from tensord.executor.cpu import CpuExecutor, join_into
-from tensord.executor.pools import ALIGNMENT, HostBufferPool, size_class
+from tensord.executor.pools import ALIGNMENT, HostBufferPool, SizeClassPool, size_class
 from tensord.executor.split import run_splitting_on_oom, split_rows
 from tensord.registry.model_config import ModelConfig
 from tests.models import build_slow
@@ -54,10 +54,43 @@ def test_pool_reuses_and_counts() -> None:
     )  # fmt: skip
     pool.release(again)
     big = pool.acquire(16384)
-    pool.release(big)  # 8192 + 4096 cached already: over the 16 KiB cap, so freed
-    assert pool.stats().cached_bytes == 12288
+    # 8192 + 4096 cached already: over the 16 KiB cap, but kept (freeing a device buffer
+    # would stall the device mid-batch) until trim(), which frees the largest first.
+    pool.release(big)
+    assert pool.stats().cached_bytes == 12288 + 16384
+    freed: list[int] = []
+    counted = SizeClassPool(lambda n: n, freed.append, lambda n: n, max_cached_bytes=16384)
+    for size in (8192, 4096, 16384):
+        counted.release(counted.acquire(size))
+    assert freed == [] and counted.stats().cached_bytes == 28672
+    assert counted.trim() == 16384 and freed == [16384]
+    assert counted.stats().cached_bytes == 12288 and counted.trim() == 0
+    assert pool.trim() == 16384
     pool.clear()
     assert pool.stats().cached_bytes == 0
+
+
+def test_an_idle_executor_trims_its_pools() -> None:
+    """The CPU executor trims when its last run ends, off the hot path."""
+
+    class Echo:
+        def run(self, inputs: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
+            return [inputs["x"]]
+
+        def close(self) -> None:
+            pass
+
+    executor = CpuExecutor("echo", Echo(), lanes=1)  # type: ignore[arg-type]
+    executor._host._max_cached = 0  # every released buffer is beyond the cap
+    try:
+        parts = [{"x": np.ones((64, 64), np.float32)} for _ in range(2)]  # joined: pooled
+        asyncio.run(executor.run(parts, ["y"], None))
+        deadline = time.monotonic() + 5
+        while executor.stats().pools["host"].cached_bytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert executor.stats().pools["host"].cached_bytes == 0
+    finally:
+        executor.close()
 
 
 def test_join_into_pooled_buffers() -> None:

@@ -104,3 +104,31 @@ def test_calibration_samples_take_the_inputs_dtype_and_shape() -> None:
         _calibration_samples(trt, np.zeros((2, 3, 4)), tensor, batch=4)
     with pytest.raises(ModelLoadError, match="holds <U1 values"):
         _calibration_samples(trt, np.full((8, 3, 4), "a"), tensor, batch=4)
+
+
+def test_engine_key_covers_the_profiles() -> None:
+    one = engine_key(b"model", "10.0", "H100", TensorRTConfig())
+    assert one == engine_key(b"model", "10.0", "H100", TensorRTConfig(), profiles=1)
+    assert one != engine_key(b"model", "10.0", "H100", TensorRTConfig(), profiles=2)
+
+
+def test_lanes_share_one_engine_with_a_profile_each() -> None:
+    from tensord.backends.tensorrt import SharedEngines
+
+    engines = SharedEngines()
+    loads: list[int] = []
+
+    def load() -> str:
+        loads.append(1)
+        return "engine"
+
+    assert engines.acquire("k", load, 2) == ("engine", 0)
+    assert engines.acquire("k", load, 2) == ("engine", 1)
+    assert loads == [1]  # deserialised once
+    with pytest.raises(RuntimeError, match="all 2 optimisation profiles of the engine are taken"):
+        engines.acquire("k", load, 2)
+    engines.release("k", 0)
+    assert engines.acquire("k", load, 2) == ("engine", 0)  # a freed profile is taken again
+    engines.release("k", 0)
+    engines.release("k", 1)
+    assert engines.acquire("k", load, 2) == ("engine", 0) and loads == [1, 1]  # loaded anew

@@ -1,10 +1,12 @@
 """The native TensorRT backend: an engine built from the ONNX file, cached on disk.
 
-The engine is built with FP16/INT8 flags and one optimisation profile (min/opt/max batch
-from model.toml), with a persistent timing cache. The serialized engine is cached under
-`cache_directory/tensorrt/engines`, keyed by the model's hash, the TensorRT version, the
-GPU name and the build flags. It runs on the CUDA executor's lane stream with
-`set_tensor_address` + `execute_async_v3`.
+The engine is built with FP16/INT8 flags and one optimisation profile per lane (min/opt/max
+batch from model.toml), with a persistent timing cache. The serialized engine is cached
+under `cache_directory/tensorrt/engines`, keyed by the model's hash, the TensorRT version,
+the GPU name, the build flags and the lane count. The lanes of one model share one
+deserialised engine (`SharedEngines`); each lane has its own execution context on its own
+profile (with dynamic shapes, a profile serves one context at a time), and runs on its
+lane's stream with `set_tensor_address` + `execute_async_v3`.
 
 `tensorrt` cannot be installed on many hosts: the backend is optional, and Info and the
 load error say whether it is there and why not.
@@ -45,11 +47,13 @@ def engine_key(
     gpu_name: str,
     trt: TensorRTConfig,
     calibration: bytes = b"",
+    profiles: int = 1,
 ) -> str:
-    """The engine cache key: model hash, TensorRT version, GPU, every build flag, and for
-    INT8 the calibration data itself (a new file under the same name builds anew)."""
+    """The engine cache key: model hash, TensorRT version, GPU, every build flag, the
+    number of optimisation profiles (one per lane), and for INT8 the calibration data
+    itself (a new file under the same name builds anew)."""
     digest = hashlib.sha256(model_bytes)
-    for part in (trt_version, gpu_name, trt.model_dump_json()):
+    for part in (trt_version, gpu_name, trt.model_dump_json(), f"profiles={profiles}"):
         digest.update(b"\0" + part.encode())
     if calibration:
         digest.update(b"\0calibration\0" + hashlib.sha256(calibration).digest())
@@ -105,8 +109,46 @@ class DeviceOutput:
         self.pool.release(self.buffer)
 
 
+class SharedEngines:
+    """Deserialised engines shared by the lanes of a model: the first lane loads one, the
+    others take it with the next free optimisation profile; the last to leave drops it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[Any, list[int]]] = {}
+        """key -> (what load() returned, the profiles in use)."""
+
+    def acquire(self, key: str, load: Any, profiles: int) -> tuple[Any, int]:
+        """(the loaded engine, a profile index of its own) for one lane; `load()` runs only
+        for the first. RuntimeError when every profile is taken."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = (load(), [])
+                self._entries[key] = entry
+            loaded, used = entry
+            free = next((i for i in range(profiles) if i not in used), None)
+            if free is None:
+                raise RuntimeError(f"all {profiles} optimisation profiles of the engine are taken")
+            used.append(free)
+            return loaded, free
+
+    def release(self, key: str, profile: int) -> None:
+        """A lane is done with its profile; the engine goes with the last one."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return
+            entry[1].remove(profile)
+            if not entry[1]:
+                del self._entries[key]
+
+
+ENGINES = SharedEngines()
+
+
 class TensorRTBackend:
-    """One engine and one execution context, bound to one lane's stream."""
+    """A shared engine, and this lane's execution context and profile on its stream."""
 
     def __init__(self, path: Path, config: ModelConfig, where: DeviceOptions) -> None:
         available, why = tensorrt_status()
@@ -124,13 +166,31 @@ class TensorRTBackend:
         self._logger = trt.Logger(trt.Logger.WARNING)
         gpus = probe_gpus().gpus
         gpu = gpus[where.device_id].name if where.device_id < len(gpus) else "unknown GPU"
-        engine_bytes = self._engine(path, config, where.cache_directory / "tensorrt", gpu)
-        # The runtime must outlive the engines it deserializes: keep it with the engine.
-        self._runtime = trt.Runtime(self._logger)
-        self._engine_obj = self._runtime.deserialize_cuda_engine(engine_bytes)
-        if self._engine_obj is None:
-            raise ModelLoadError(f"TensorRT could not deserialize the engine for {path}")
-        self._context = self._engine_obj.create_execution_context()
+        self._profiles = config.instances_on("cuda")
+        cache = where.cache_directory / "tensorrt"
+        self._key, engine_bytes = self._engine(path, config, cache, gpu)
+
+        def load() -> tuple[Any, Any]:
+            # The runtime must outlive the engines it deserializes: keep it with the engine.
+            runtime = trt.Runtime(self._logger)
+            engine = runtime.deserialize_cuda_engine(engine_bytes)
+            if engine is None:
+                raise ModelLoadError(f"TensorRT could not deserialize the engine for {path}")
+            return runtime, engine
+
+        try:
+            (self._runtime, self._engine_obj), self._profile = ENGINES.acquire(
+                self._key, load, self._profiles
+            )
+        except RuntimeError as exc:
+            raise ModelLoadError(f"TensorRT engine for {path}: {exc}") from None
+        try:
+            self._context = self._engine_obj.create_execution_context()
+            if self._profile:
+                self._context.set_optimization_profile_async(self._profile, self._stream)
+        except BaseException:
+            ENGINES.release(self._key, self._profile)
+            raise
         self._outputs_pool = DevicePool()
         self._lock = threading.Lock()
         self.inputs, self.outputs = self._signature()
@@ -138,7 +198,8 @@ class TensorRTBackend:
             "tensorrt", PROVIDER, f'backend = "tensorrt" in model.toml; {why} on {gpu}', (PROVIDER,)
         )
 
-    def _engine(self, path: Path, config: ModelConfig, cache: Path, gpu: str) -> bytes:
+    def _engine(self, path: Path, config: ModelConfig, cache: Path, gpu: str) -> tuple[str, bytes]:
+        """The engine's cache key and its serialized bytes (built when not cached)."""
         model_bytes = path.read_bytes()
         # path is <model>/<version>/model.onnx; the calibration file sits beside model.toml.
         calibration = check_int8(config, path.parent.parent)
@@ -148,13 +209,14 @@ class TensorRTBackend:
             gpu,
             config.tensorrt,
             calibration.read_bytes() if calibration is not None else b"",
+            self._profiles,
         )
         cached = cache / "engines" / f"{key}.engine"
         if cached.is_file():
-            return cached.read_bytes()
+            return key, cached.read_bytes()
         engine = self._build(model_bytes, config, path, cache / "timing.cache", calibration)
         write_atomically(cached, engine)
-        return engine
+        return key, engine
 
     def _build(
         self,
@@ -202,22 +264,23 @@ class TensorRTBackend:
     def _build_engine(
         self, builder: Any, network: Any, build: Any, options: TensorRTConfig, timing: Path
     ) -> bytes:
-        profile = builder.create_optimization_profile()
-        for i in range(network.num_inputs):
-            tensor = network.get_input(i)
-            rest = tuple(tensor.shape)[1:]
-            if any(d < 0 for d in rest):
-                raise ModelLoadError(
-                    f"input {tensor.name!r} has dynamic non-batch dimensions "
-                    f"{tuple(tensor.shape)}; the TensorRT profile varies the batch only"
+        for _ in range(self._profiles):  # one per lane: a profile serves one context at once
+            profile = builder.create_optimization_profile()
+            for i in range(network.num_inputs):
+                tensor = network.get_input(i)
+                rest = tuple(tensor.shape)[1:]
+                if any(d < 0 for d in rest):
+                    raise ModelLoadError(
+                        f"input {tensor.name!r} has dynamic non-batch dimensions "
+                        f"{tuple(tensor.shape)}; the TensorRT profile varies the batch only"
+                    )
+                profile.set_shape(
+                    tensor.name,
+                    (options.min_batch, *rest),
+                    (options.opt_batch, *rest),
+                    (options.max_batch, *rest),
                 )
-            profile.set_shape(
-                tensor.name,
-                (options.min_batch, *rest),
-                (options.opt_batch, *rest),
-                (options.max_batch, *rest),
-            )
-        build.add_optimization_profile(profile)
+            build.add_optimization_profile(profile)
         cache = build.create_timing_cache(timing.read_bytes() if timing.is_file() else b"")
         build.set_timing_cache(cache, ignore_mismatch=False)
         serialized = builder.build_serialized_network(network, build)
@@ -280,10 +343,12 @@ class TensorRTBackend:
         """An enqueued TensorRT execution cannot be stopped midway: it finishes."""
 
     def close(self) -> None:
-        """Drop the context and engine; free the output buffers."""
+        """Drop the context and this lane's hold on the shared engine; free the output
+        buffers."""
         self._context = None
         self._engine_obj = None
         self._runtime = None
+        ENGINES.release(self._key, self._profile)
         self._outputs_pool.clear()
 
 

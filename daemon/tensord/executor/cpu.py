@@ -59,6 +59,9 @@ class CpuExecutor(LaneExecutor):
     def _pools(self) -> dict[str, PoolStats]:
         return {"host": self._host.stats()}
 
+    def _idle(self) -> None:
+        self._host.trim()
+
     def terminate_runs(self) -> None:
         """Cut the runs in progress short: their callers get UNAVAILABLE."""
         self._backend.terminate_runs()

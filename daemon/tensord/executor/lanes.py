@@ -192,10 +192,17 @@ class LaneExecutor:
             self._running -= 1
             if error is not None:
                 lane.failed += 1
+            idle = not self._running and not self._queued
         if error is not None:
             run.settle(None, error)
         else:
             run.settle(RunResult(outputs, start - run.submitted, end - start), None)
+        if idle:
+            self._idle()
+
+    def _idle(self) -> None:
+        """Called on a lane's thread when the last run in progress ended and none waits:
+        the moment to free pooled buffers beyond their cap."""
 
     def run_blocking(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]

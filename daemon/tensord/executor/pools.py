@@ -2,7 +2,9 @@
 
 One mechanism serves host memory (aligned NumPy buffers), pinned host memory
 (cudaHostAlloc) and device memory (cudaMalloc): a batch takes buffers from a pool instead
-of allocating, so the allocator stays off the hot path.
+of allocating, so the allocator stays off the hot path, and so does freeing: cudaFree and
+cudaFreeHost synchronise the whole device, so a released buffer is always kept, and
+`trim()` frees what is cached beyond the cap when the executor is idle.
 """
 
 from __future__ import annotations
@@ -64,16 +66,27 @@ class SizeClassPool(Generic[B]):
         return buffer
 
     def release(self, buffer: B) -> None:
-        """Give a buffer back; beyond the cache cap it is freed."""
+        """Give a buffer back. It is kept even beyond the cache cap (freeing would stall
+        the device on the hot path); trim() frees the excess later."""
         cls = self._size_of(buffer)
         with self._lock:
             self._stats.in_use_bytes -= cls
-            keep = self._stats.cached_bytes + cls <= self._max_cached
-            if keep:
-                self._free[cls].append(buffer)
-                self._stats.cached_bytes += cls
-        if not keep:
+            self._free[cls].append(buffer)
+            self._stats.cached_bytes += cls
+
+    def trim(self) -> int:
+        """Free cached buffers, largest first, until the cache is within its cap (call it
+        when no batch runs); the bytes freed."""
+        victims = []
+        with self._lock:
+            for cls in sorted(self._free, reverse=True):
+                buffers = self._free[cls]
+                while buffers and self._stats.cached_bytes > self._max_cached:
+                    victims.append(buffers.pop())
+                    self._stats.cached_bytes -= cls
+        for buffer in victims:
             self._free_fn(buffer)
+        return sum(self._size_of(b) for b in victims)
 
     def stats(self) -> PoolStats:
         """A copy of the counters."""

@@ -21,7 +21,7 @@ from tensord import dtypes
 from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
 from tensord.errors import InternalError, ModelLoadError
 from tensord.executor.cuda.executor import ONNX_TYPES, release_output
-from tensord.executor.cuda.pools import CudaBuffer, DevicePool
+from tensord.executor.cuda.pools import CudaBuffer, DevicePool, PinnedHostPool
 from tensord.executor.cuda.runtime import check
 from tensord.kernels import gpu
 from tensord.kernels.gpu import DeviceArray
@@ -102,6 +102,9 @@ class DeviceProcessedBackend:
                 'set providers = ["cpu"] in model.toml to process with the NumPy twins'
             ) from None
         self.pool = DevicePool()
+        self.pinned = PinnedHostPool()
+        """Staging for the few host-made values a batch uploads (the letterbox info): a copy
+        from pageable memory is synchronous and would stall the lane."""
         self._pending: list[Callable[[], None]] = []
         self._taken: list[CudaBuffer] = []
         self._held: list[Any] = []
@@ -227,18 +230,25 @@ class DeviceProcessedBackend:
             settings = nms_settings(post, geo)
             gpu.nms(self.kernels, self.stream, boxes, scores, settings, ob, os_, oc, count)
         if geo is not None and self.plan.pre is not None and self.plan.pre.kind == "letterbox":
-            info = np.ascontiguousarray(geo.info)
+            info = np.ascontiguousarray(geo.info, dtype=np.float32)
             made[LETTERBOX_OUTPUT], dev = self._output(info.shape, np.float32)
             if info.nbytes:
-                check(
-                    cudart.cudaMemcpyAsync(
-                        dev.ptr, info.ctypes.data, info.nbytes,
-                        cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream,
-                    ),
-                    "cudaMemcpyAsync H2D (letterbox)",
-                )  # fmt: skip
-                self._held.append(info)  # the host copy outlives the transfer
+                self._upload(dev.ptr, info)
         return made
+
+    def _upload(self, device_ptr: int, array: np.ndarray) -> None:
+        """Copy a small host array to the device on the lane's stream, through a pinned
+        buffer that goes back to its pool once the batch's stream has synchronised."""
+        staging = self.pinned.acquire(array.nbytes)
+        self._pending.append(functools.partial(self.pinned.release, staging))
+        staging.view(array.dtype, array.shape)[...] = array
+        check(
+            cudart.cudaMemcpyAsync(
+                device_ptr, staging.ptr, array.nbytes,
+                cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream,
+            ),
+            "cudaMemcpyAsync H2D (letterbox)",
+        )  # fmt: skip
 
     def terminate_runs(self) -> None:
         """Cut the model's runs in progress short."""
@@ -251,4 +261,5 @@ class DeviceProcessedBackend:
         self._pending.clear()
         self._drop_held()
         self.pool.clear()
+        self.pinned.clear()
         self.inner.close()

@@ -185,6 +185,11 @@ class CudaExecutor(LaneExecutor):
     def _pools(self) -> dict[str, PoolStats]:
         return {"pinned": self.pinned.stats(), "device": self.device.stats()}
 
+    def _idle(self) -> None:
+        # cudaFree and cudaFreeHost synchronise the device: only now, never mid-batch.
+        self.pinned.trim()
+        self.device.trim()
+
     def terminate_runs(self) -> None:
         """Cut the runs in progress short on every lane's session."""
         for lane in self._lanes:
