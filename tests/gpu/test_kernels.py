@@ -273,11 +273,10 @@ def test_launch_errors_are_checked(dev: Device) -> None:
         dev.kernels.launch("nms_per_class", (1, 1, 1), (4096, 1, 1), [i32(0)] * 17, dev.stream)
 
 
+@pytest.mark.ort_gpu
 def test_processing_runs_kernels_on_the_cuda_executor(test_repo: Path) -> None:
     import onnxruntime as ort
 
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("this ONNX Runtime build has no CUDAExecutionProvider (make setup-gpu)")
     from tensord_client import Client
     from tests.conftest import start_server
 

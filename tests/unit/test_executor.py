@@ -70,6 +70,34 @@ def test_pool_reuses_and_counts() -> None:
     assert pool.stats().cached_bytes == 0
 
 
+def test_out_of_memory_frees_the_cache_and_tries_once_more() -> None:
+    """An allocation that fails for want of memory frees every cached buffer (other size
+    classes may hold what it needs) and tries again once; with nothing cached it fails."""
+    capacity = [32768]
+    freed: list[int] = []
+
+    def alloc(n: int) -> int:
+        if n > capacity[0]:
+            raise OutOfMemoryError(f"out of memory allocating {n} bytes")
+        capacity[0] -= n
+        return n
+
+    def free(n: int) -> None:
+        freed.append(n)
+        capacity[0] += n
+
+    pool = SizeClassPool(alloc, free, lambda n: n)
+    for size in (8192, 16384):
+        pool.release(pool.acquire(size))
+    assert capacity[0] == 8192 and pool.stats().cached_bytes == 24576
+    assert pool.acquire(32768) == 32768  # freed both cached buffers, then allocated
+    assert sorted(freed) == [8192, 16384] and pool.stats().cached_bytes == 0
+    with pytest.raises(OutOfMemoryError):
+        pool.acquire(4096)  # nothing cached to free
+    s = pool.stats()
+    assert (s.in_use_bytes, s.allocations) == (32768, 3)
+
+
 def test_an_idle_executor_trims_its_pools() -> None:
     """The CPU executor trims when its last run ends, off the hot path."""
 

@@ -40,8 +40,9 @@ def test_require_gpu_fails_instead_of_skipping() -> None:
 
 
 def test_the_test_and_benchmark_kernels_build_as_cubins_for_hopper() -> None:
-    """The sticky-error test's and gpu_bench's own kernels compile to CUBINs (no PTX for a
-    driver to refuse), like the production kernels; NVRTC needs no GPU."""
+    """The sticky-error test's kernel and the kernel backend's (the executor's GPU tests and
+    gpu_bench) compile to CUBINs (no PTX for a driver to refuse), like the production
+    kernels; NVRTC needs no GPU."""
     from tensord.kernels.compiler import arch_for, compile_source, supported_archs
     from tests.gpu.illegal_address import KERNEL
     from tests.tools import require_module
@@ -49,14 +50,12 @@ def test_the_test_and_benchmark_kernels_build_as_cubins_for_hopper() -> None:
     require_module("cuda.bindings.nvrtc")
     if 90 not in supported_archs():
         pytest.fail(f"this NVRTC does not build sm_90: {supported_archs()}")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from gpu_bench import SPIN  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    for source, name in ((KERNEL, "poke.cu"), (SPIN, "spin.cu")):
-        cubin = compile_source(source, name, arch_for(9, 0), options=()).cubin
-        assert cubin[:4] == b"\x7fELF", name
+    from tests.gpu.kernel_backend import SOURCE
+
+    for source, name, options in ((KERNEL, "poke.cu", ()), (SOURCE, "affine_spin.cu", None)):
+        arch = arch_for(9, 0)
+        compiled = compile_source(source, name, arch, *(() if options is None else (options,)))
+        assert compiled.cubin[:4] == b"\x7fELF", name
 
 
 def test_the_root_conftest_imports_nothing_of_the_serving_stack() -> None:

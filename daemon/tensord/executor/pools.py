@@ -4,7 +4,8 @@ One mechanism serves host memory (aligned NumPy buffers), pinned host memory
 (cudaHostAlloc) and device memory (cudaMalloc): a batch takes buffers from a pool instead
 of allocating, so the allocator stays off the hot path, and so does freeing: cudaFree and
 cudaFreeHost synchronise the whole device, so a released buffer is always kept, and
-`trim()` frees what is cached beyond the cap when the executor is idle.
+`trim()` frees what is cached beyond the cap when the executor is idle. An allocation that
+runs out of memory frees every cached buffer and tries once more before it fails.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from tensord.errors import OutOfMemoryError
 from tensord.executor.base import PoolStats
 
 ALIGNMENT = 64
@@ -55,7 +57,7 @@ class SizeClassPool(Generic[B]):
                 self._stats.cached_bytes -= cls
                 self._stats.reuses += 1
         if buffer is None:
-            buffer = self._alloc(cls)  # outside the lock: it may be slow or raise
+            buffer = self._allocate(cls)  # outside the lock: it may be slow or raise
             with self._lock:
                 self._stats.allocations += 1
         with self._lock:
@@ -64,6 +66,15 @@ class SizeClassPool(Generic[B]):
                 self._stats.high_water_bytes, self._stats.in_use_bytes
             )
         return buffer
+
+    def _allocate(self, cls: int) -> B:
+        try:
+            return self._alloc(cls)
+        except OutOfMemoryError:
+            # Buffers of other size classes may hold the memory this one needs.
+            if not self.clear():
+                raise
+            return self._alloc(cls)
 
     def release(self, buffer: B) -> None:
         """Give a buffer back. It is kept even beyond the cache cap (freeing would stall
@@ -96,14 +107,15 @@ class SizeClassPool(Generic[B]):
                 s.in_use_bytes, s.cached_bytes, s.high_water_bytes, s.allocations, s.reuses
             )
 
-    def clear(self) -> None:
-        """Free every cached buffer (buffers in use are freed when released after this)."""
+    def clear(self) -> int:
+        """Free every cached buffer (buffers in use stay theirs); the bytes freed."""
         with self._lock:
             cached = [b for buffers in self._free.values() for b in buffers]
             self._free.clear()
             self._stats.cached_bytes = 0
         for buffer in cached:
             self._free_fn(buffer)
+        return sum(self._size_of(b) for b in cached)
 
 
 def _aligned(nbytes: int) -> np.ndarray:

@@ -12,8 +12,9 @@ from tensord.errors import ModelLoadError
 from tensord.executor.base import Executor
 from tensord.executor.cpu import CpuExecutor
 
-# Providers whose sessions run on a CUDA device and accept device buffers (IOBinding).
-CUDA_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
+# Providers whose sessions run on a CUDA device and accept device buffers: ONNX Runtime's
+# (IOBinding), and "CUDA" for a backend that launches its own kernels on the lane's stream.
+CUDA_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider", "CUDA"})
 
 
 def executor_choice(provider: str, gpus: GpuReport, specs: Sequence[TensorSpec]) -> tuple[str, str]:

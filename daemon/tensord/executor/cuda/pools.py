@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from cuda.bindings import runtime as cudart
 
-from tensord.executor.cuda.runtime import check
+from tensord.executor.cuda.runtime import CudaOutOfMemoryError, check
 from tensord.executor.pools import SizeClassPool
 
 
@@ -31,8 +31,18 @@ class CudaBuffer:
         return np.frombuffer(memoryview(raw), dtype=dtype, count=count).reshape(shape)
 
 
+def _out_of(memory: str, nbytes: int, call: str) -> CudaOutOfMemoryError:
+    return CudaOutOfMemoryError(
+        f"out of {memory}: {nbytes / 2**20:.1f} MiB for this batch could not be allocated "
+        f"({call}: cudaErrorMemoryAllocation); send a smaller request, or retry when fewer run"
+    )
+
+
 def _pinned_alloc(nbytes: int) -> CudaBuffer:
-    ptr = check(cudart.cudaHostAlloc(nbytes, cudart.cudaHostAllocPortable), "cudaHostAlloc")
+    try:
+        ptr = check(cudart.cudaHostAlloc(nbytes, cudart.cudaHostAllocPortable), "cudaHostAlloc")
+    except CudaOutOfMemoryError:
+        raise _out_of("pinned host memory", nbytes, "cudaHostAlloc") from None
     return CudaBuffer(int(ptr), nbytes)
 
 
@@ -41,7 +51,10 @@ def _pinned_free(buffer: CudaBuffer) -> None:
 
 
 def _device_alloc(nbytes: int) -> CudaBuffer:
-    ptr = check(cudart.cudaMalloc(nbytes), "cudaMalloc")
+    try:
+        ptr = check(cudart.cudaMalloc(nbytes), "cudaMalloc")
+    except CudaOutOfMemoryError:
+        raise _out_of("GPU memory", nbytes, "cudaMalloc") from None
     return CudaBuffer(int(ptr), nbytes)
 
 
