@@ -167,9 +167,18 @@ class LimitsSettings(Settings):
     """Protobuf fields one request may hold, counted before it is parsed (a repeated number
     field sent packed, as every proto3 library sends it, is one field); more get
     RESOURCE_EXHAUSTED. Bounds what parsing one request costs the event loop."""
+    max_typed_integers: int = Field(default=4 * 1024 * 1024, ge=0, le=2**40)
+    """Bool and integer values one Predict request may carry as typed contents
+    (`contents.bool_values`, `int_values`, `int64_values`); more get INVALID_ARGUMENT before
+    the request is parsed. Each costs the parser about 10 ns of the interpreter lock, so
+    this bounds how long one request can hold up the others; `raw_data` has no such cost.
+    0: no limit."""
     max_request_bytes_in_flight: int = Field(default=1024 * 1024 * 1024, ge=0, le=2**62)
-    """Bytes of request messages held by calls in progress at once; a request that would
-    pass it gets RESOURCE_EXHAUSTED (retry shortly). 0: no limit."""
+    """Bytes of request messages held by calls in progress at once (with typed integers
+    counted at their parsed size, 8 bytes each); a request that would pass it gets
+    RESOURCE_EXHAUSTED (retry shortly). 0: no limit. Messages still arriving are held by
+    gRPC, outside this budget: server.max_receive_message_bytes times the streams in
+    progress bounds them."""
     receive_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
     """How long a call may take to deliver its request message once it has started; then
     DEADLINE_EXCEEDED. A call that ends without a message gets INVALID_ARGUMENT."""

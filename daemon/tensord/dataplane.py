@@ -21,11 +21,11 @@ from tensord.errors import (
     DeviceLostError,
     FailedPreconditionError,
     InvalidArgumentError,
-    TensordError,
     UnavailableError,
 )
 from tensord.eventloop import running_loop_name
 from tensord.executor.split import run_splitting_on_oom
+from tensord.generate.engine import GenerationEngine
 from tensord.generate.model_dir import GeneratorDirectory
 from tensord.generate.outputs import RequestOutput
 from tensord.generate.sampling_params import SamplingParams
@@ -178,15 +178,7 @@ class DataPlane:
     async def generate(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
         """Check the request, admit it to the model's engine and stream its chunks."""
         self._check_serving()
-        check_model(call.model)
-        entry = self.registry.get(call.model, call.version)
-        engine = entry.engine
-        if engine is None:
-            raise FailedPreconditionError(
-                f"model {entry.name!r} is a predict model (tensors in, tensors out), not a "
-                "generator: call Predict, or Generate on a generator model (Info lists each "
-                "model's kind)"
-            )
+        entry, engine = self._generator(call.model, call.version)
         arrived = time.perf_counter()
         # Counted before the first await (tokenising a long prompt goes to a thread): a
         # reload frees a swapped-out version only once the calls holding it have ended.
@@ -204,21 +196,29 @@ class DataPlane:
                 self.on_device_lost(exc)
                 raise
 
+    def _generator(self, model: str, version: int) -> tuple[ModelVersion, GenerationEngine]:
+        """The version a Generate call names and its engine: PERMISSION_DENIED, NOT_FOUND,
+        UNAVAILABLE (not ready), or FAILED_PRECONDITION for a predict model."""
+        check_model(model)
+        entry = self.registry.get(model, version)
+        if entry.engine is None:
+            raise FailedPreconditionError(
+                f"model {entry.name!r} is a predict model (tensors in, tensors out), not a "
+                "generator: call Predict, or Generate on a generator model (Info lists each "
+                "model's kind)"
+            )
+        return entry, entry.engine
+
     def check_prompt_size(
         self, model: str, version: int, prompt_bytes: int, token_ids: int, exact: bool = True
     ) -> None:
-        """Before a Generate request is parsed: INVALID_ARGUMENT when its prompt certainly
-        has more tokens than the model admits (token ids counted, or at least `token_ids`
-        when not `exact`; a text of more bytes than that many of the vocabulary's longest
-        tokens), so it is never tokenised or converted. Other problems are left to
-        generate()."""
-        try:
-            entry = self.registry.get(model, version)
-        except TensordError:
-            return
-        engine = entry.engine
-        if engine is None:
-            return
+        """Before a Generate request is parsed: the model it names serves Generate (else the
+        error generate() would give), and INVALID_ARGUMENT when its prompt certainly has
+        more tokens than the model admits (token ids counted, or at least `token_ids` when
+        not `exact`; a text of more bytes than that many of the vocabulary's longest
+        tokens), so it is never tokenised or converted."""
+        self._check_serving()
+        entry, engine = self._generator(model, version)
         context = engine.limits.max_model_len
         limit = min(context - 1, self.max_prompt_tokens or context)
         setting = (

@@ -167,10 +167,10 @@ CASES: list[tuple[str, pb.PredictRequest, Code, str]] = [
         "inputs[0] 'x': raw_data byte 1 is 2; BOOL raw_data is one byte per element, 0 or 1",
     ),
     (
-        "very long model name",  # quoted in the message, which stays under gRPC's 16 KiB
+        "very long model name",
         pb.PredictRequest(model="m" * 20_000, inputs=[good_input()]),
-        Code.NOT_FOUND,
-        "more characters)",
+        Code.INVALID_ARGUMENT,
+        "the model name takes 20000 bytes; names are at most 4096 bytes",
     ),
     (
         "failed model",

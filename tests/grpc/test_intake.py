@@ -99,8 +99,9 @@ def test_more_tensors_than_allowed_are_refused_before_parsing(server: ServerThre
 
 
 def test_more_fields_than_allowed_are_refused_before_parsing(server: ServerThread) -> None:
-    """One tensor whose shape is sent unpacked: a field per dimension."""
-    tensor = field(1, b"input") + field(2, 9) + b"".join(field(3, 1) for _ in range(2000))
+    """One tensor whose values are sent unpacked: a field per value."""
+    values = b"".join(field(4, b"\0\0\0\0") for _ in range(2000))  # fixed32 would do too
+    tensor = field(1, b"input") + field(2, 9) + field(3, varint(2000)) + field(5, values)
     error = raw_call(server, PREDICT, field(1, b"mlp") + field(3, tensor))
     assert error.code() == EXHAUSTED
     assert error.details().startswith(
@@ -130,7 +131,100 @@ def test_prompts_too_long_for_the_model_are_never_tokenized(server: ServerThread
     assert raw_call(server, GENERATE, unpacked, stream=True).code() == EXHAUSTED
     sampling = field(1, b"tinylm") + field(3, b"hi") + field(5, field(7, b"x" * 70_000))
     error = raw_call(server, GENERATE, sampling, stream=True)
-    assert error.details().startswith("sampling takes 70004 bytes; sampling parameters")
+    assert error.details().startswith("sampling takes more than 65536 bytes; sampling")
+    # protobuf merges repeated occurrences of a message field: their sizes add up
+    merged = field(1, b"tinylm") + field(5, field(8, varint(5) * 30_000)) * 3
+    error = raw_call(server, GENERATE, merged, stream=True)
+    assert error.details().startswith("sampling takes more than 65536 bytes; sampling")
+
+
+def test_a_generate_for_another_model_is_refused_before_parsing(server: ServerThread) -> None:
+    """Whatever model a Generate names, its prompt is never parsed unless that model can
+    take it: a missing model, version or a predict model answer as Generate would."""
+    ids = field(4, varint(1) * 2_000_000)
+    for model, version, code, start in (
+        (b"nosuch", 0, grpc.StatusCode.NOT_FOUND, "model 'nosuch' not found"),
+        (b"tinylm", 7, grpc.StatusCode.NOT_FOUND, "model 'tinylm' has no version 7"),
+        (b"mlp", 0, grpc.StatusCode.FAILED_PRECONDITION, "model 'mlp' is a predict model"),
+    ):
+        data = field(1, model) + (field(2, version) if version else b"") + ids
+        error = raw_call(server, GENERATE, data, stream=True)
+        assert (error.code(), error.details()[: len(start)]) == (code, start), error.details()
+
+
+def test_only_the_last_prompt_counts(server: ServerThread) -> None:
+    """protobuf keeps the last occurrence of a string field: a long prompt followed by a
+    short one is the short one."""
+    data = field(1, b"tinylm") + field(3, b"x" * 200_000) + field(3, b"hi")
+    data += field(5, field(1, 2))  # max_tokens 2
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_stream(
+            GENERATE, request_serializer=None, response_deserializer=pb.GenerateResponse.FromString
+        )
+        chunks = list(call(data, timeout=30))
+    assert sum(len(c.token_ids) for c in chunks) == 2
+
+
+def test_shapes_and_names_are_bounded_before_parsing(server: ServerThread) -> None:
+    tensor = field(1, b"input") + field(2, 9) + field(3, varint(1) * 1_000_000)
+    error = raw_call(server, PREDICT, field(1, b"mlp") + field(3, tensor))
+    assert error.code() == INVALID
+    assert error.details() == (
+        "inputs[0] 'input': shape has rank 1000000; at most 64 dimensions are supported"
+    )
+    long_name = b"m" * 5000
+    error = raw_call(server, PREDICT, field(1, long_name) + EMPTY_TENSOR)
+    assert error.code() == INVALID
+    assert error.details() == "the model name takes 5000 bytes; names are at most 4096 bytes"
+    error = raw_call(server, PREDICT, field(1, b"mlp") + field(3, field(1, long_name)))
+    assert error.details() == "inputs[0]'s name takes 5000 bytes; names are at most 4096 bytes"
+    error = raw_call(server, PREDICT, field(1, b"mlp") + field(4, long_name))
+    assert error.details() == "output_names[0] takes 5000 bytes; names are at most 4096 bytes"
+
+
+def test_an_info_request_with_unknown_fields_is_answered(server: ServerThread) -> None:
+    """InfoRequest has no fields: whatever unknown ones it carries are skipped, as protobuf
+    skips them."""
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_unary(
+            "/tensord.v1.InferenceService/Info",
+            request_serializer=None,
+            response_deserializer=pb.InfoResponse.FromString,
+        )
+        for data in (field(1, 7), field(1, b"\xff\xfe"), field(9, b"x")):
+            assert call(data, timeout=10).models
+
+
+def test_typed_integers_are_bounded_and_counted_at_their_parsed_size(demo_repo: Path) -> None:
+    """Typed bool and integer values cost the parser time and 8 bytes each once parsed:
+    [limits] max_typed_integers bounds them, and the in-flight budget counts them so."""
+    srv = serve(
+        demo_repo, limits__max_typed_integers=1000, limits__max_request_bytes_in_flight=100_000
+    )
+
+    def request(count: int) -> bytes:
+        contents = field(3, varint(1) * count)  # int64_values, packed one-byte varints
+        tensor = field(1, b"input") + field(2, 7) + field(3, varint(count)) + field(5, contents)
+        return field(1, b"mlp") + field(3, tensor)
+
+    try:
+        error = raw_call(srv, PREDICT, request(1001))
+        assert error.code() == INVALID
+        assert error.details() == (
+            "the request carries more than 1000 bool and integer values as typed contents "
+            "([limits] max_typed_integers); send tensors this large as raw_data"
+        )
+        error = raw_call(srv, PREDICT, request(999))
+        assert error.code() == INVALID  # an int64 tensor for a float input: it was parsed
+    finally:
+        srv.stop()
+    srv = serve(demo_repo, limits__max_typed_integers=0, limits__max_request_bytes_in_flight=10_000)
+    try:
+        error = raw_call(srv, PREDICT, request(2000))  # 2 KB on the wire, 16 KB parsed
+        assert error.code() == EXHAUSTED
+        assert "this one (18" in error.details(), error.details()
+    finally:
+        srv.stop()
 
 
 def test_the_bytes_in_flight_are_bounded(demo_repo: Path) -> None:

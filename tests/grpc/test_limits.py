@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 
 from tensord.config import ServerSettings
-from tensord.errors import InvalidArgumentError
+from tensord.errors import InvalidArgumentError, ResourceExhaustedError
 from tensord.limits import check_prompt_tokens
-from tensord.server.interceptors import StreamLimitInterceptor
+from tensord.server.context import StreamSlots
 from tensord.server.security import transport_options
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client import Client
 from tests.conftest import serve
+from tests.raw_h2 import RawConnection
 
 METHOD = "/test.Slow/Stream"
 
@@ -66,40 +67,45 @@ async def until(condition: Any, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_stream_limit_refuses_beyond_the_limit_and_frees_slots() -> None:
-    slow = SlowStreams()
-    rejected: list[tuple[str, grpc.StatusCode]] = []
-    limiter = StreamLimitInterceptor(
-        2, method=METHOD, on_reject=lambda m, c: rejected.append((m, c))
-    )
-    server, port = await slow.serve(limiter)
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        call = channel.unary_stream(METHOD)
-        first, second = call(b""), call(b"")
-        assert await first.read() == b"first" and await second.read() == b"first"
-        assert limiter.active == 2
-        third = call(b"")
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await third.read()
-        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert info.value.details() == (
+def test_stream_slots_refuse_beyond_the_limit_and_free_on_any_end() -> None:
+    slots = StreamSlots(2)
+    with slots.held(), slots.held():
+        assert slots.active == 2
+        with pytest.raises(ResourceExhaustedError) as info, slots.held():
+            pass
+        assert info.value.message == (
             "2 Generate streams are in progress, the most this server takes "
             "([limits] max_generate_streams = 2); retry shortly"
         )
-        assert rejected == [(METHOD, grpc.StatusCode.RESOURCE_EXHAUSTED)]
-        assert slow.started == 2  # the refused call never reached the handler
-        first.cancel()  # a cancelled stream gives its slot back
-        await until(lambda: limiter.active == 1)
-        fourth = call(b"")
-        assert await fourth.read() == b"first"
-        slow.release.set()
-        assert await rest(second) == [b"last"]
-        assert await rest(fourth) == [b"last"]
-        assert limiter.active == 0
+    assert slots.active == 0
+    with pytest.raises(RuntimeError), slots.held():
+        raise RuntimeError("the stream failed")
+    assert slots.active == 0
+
+
+def test_a_generate_stream_takes_its_slot_once_its_request_arrived(demo_repo: Path) -> None:
+    """Calls whose message has not arrived hold no slot; a stream in progress does."""
+    srv = serve(demo_repo, limits__max_generate_streams=1)
+    request = pb.GenerateRequest(model="tinylm", prompt_token_ids=[1, 2, 3])
+    request.sampling.max_tokens = 2
+    try:
+        assert srv.server is not None and srv.server.security.stream_limit is not None
+        slots = srv.server.security.stream_limit
+        with RawConnection(srv.target) as conn, grpc.insecure_channel(srv.target) as channel:
+            for _ in range(3):  # headers only: the message never comes
+                conn.start("/tensord.v1.InferenceService/Generate")
+            conn.pump(0.2)
+            stub = pb_grpc.InferenceServiceStub(channel)
+            chunks = list(stub.Generate(request, timeout=10))
+            assert sum(len(c.token_ids) for c in chunks) == 2
+            with slots.held():  # a stream in progress holds the one slot
+                with pytest.raises(grpc.RpcError) as info:
+                    list(stub.Generate(request, timeout=10))
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "max_generate_streams = 1" in (info.value.details() or "")
+            assert slots.active == 0
     finally:
-        await channel.close()
-        await server.stop(0)
+        srv.stop()
 
 
 async def test_max_concurrent_streams_queues_calls_on_one_connection() -> None:

@@ -59,6 +59,7 @@ def test_every_setting_has_an_env_variable() -> None:
         "limits.max_request_bytes_in_flight",
         "limits.max_request_fields",
         "limits.max_tensors_per_request",
+        "limits.max_typed_integers",
         "limits.receive_timeout_seconds",
         "metrics.listen",
         "tls.cert_file",

@@ -73,7 +73,7 @@ class Observability:
             Gauge(name, documentation, registry=self.metrics.registry).set_function(read)
 
     def watch_stream_limit(self, limiter: Any) -> None:
-        """Export the slots a StreamLimitInterceptor holds (nothing when there is none)."""
+        """Export the Generate stream slots held (nothing when there is no limit)."""
         if limiter is not None:
             self.gauge(
                 "tensord_generate_streams_active",

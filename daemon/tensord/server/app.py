@@ -113,6 +113,7 @@ class TensordServer:
             self.observability.observer,
             config.server.max_send_message_bytes,
             config.limits,
+            self.security.stream_limit,
         )
         self._calls = servicer.calls
         self._intake = servicer.intake

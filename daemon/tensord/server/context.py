@@ -7,18 +7,19 @@ their own status (tensord.errors) and are mapped here, and only here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 import structlog
 
-from tensord.errors import TensordError
+from tensord.errors import ResourceExhaustedError, TensordError
 from tensord.server.intake import Intake, Look
 from tensord.server.status import error_trailers
 from tensord.server.watchdog import is_probe
@@ -84,6 +85,33 @@ class CallsInFlight:
         except TimeoutError:
             return False
         return True
+
+
+class StreamSlots:
+    """At most `limit` Generate streams at once across the daemon ([limits]
+    max_generate_streams); more get RESOURCE_EXHAUSTED at once. A call takes its slot once
+    its request has arrived and passed its checks, so calls whose message has not arrived
+    (or that are refused) hold none; the slot is given back when the stream ends, fails or
+    is cancelled. Check and take happen with no await between them: calls arriving
+    together cannot overshoot."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold a slot for the block; ResourceExhaustedError when none is free."""
+        if self.active >= self.limit:
+            raise ResourceExhaustedError(
+                f"{self.active} Generate streams are in progress, the most this server "
+                f"takes ([limits] max_generate_streams = {self.limit}); retry shortly"
+            )
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
 
 
 def request_id(context: Ctx) -> str:
@@ -203,11 +231,13 @@ class Admission(Protocol):
 
     def check_look(self, rpc: str, look: Look) -> None: ...
 
+    def admitted(self, rpc: str) -> contextlib.AbstractContextManager[None]: ...
 
-async def _admit(servicer: Admission, rpc: str, raw: bytes, message_type: Any, held: Any) -> Any:
-    """The parsed request, once its bytes passed the intake's look and the servicer's
+
+def _look(servicer: Admission, rpc: str, raw: bytes, message_type: Any, held: Any) -> Look:
+    """What the request's bytes say, once they passed the intake's look and the servicer's
     checks (authorization, the model's limits); `held` is the call's stand-in for logs and
-    metrics until then (it takes the looked-at model name)."""
+    metrics until it is parsed (it takes the looked-at model name)."""
 
     def seen(model: str) -> None:
         held.model = model
@@ -215,7 +245,20 @@ async def _admit(servicer: Admission, rpc: str, raw: bytes, message_type: Any, h
 
     look = servicer.intake.look(rpc, raw, message_type.DESCRIPTOR.full_name, seen)
     servicer.check_look(rpc, look)
-    return await servicer.intake.parse(message_type, raw)
+    return look
+
+
+@contextlib.contextmanager
+def _admitted(servicer: Admission, rpc: str, raw: bytes, look: Look) -> Iterator[None]:
+    """The call holds its part of the in-flight budget (its bytes, and what parsing adds),
+    counts as in flight, and holds whatever the servicer admits it with (a Generate
+    stream's slot) for the block."""
+    with (
+        servicer.intake.budget(len(raw) + look.parsed_extra_bytes),
+        servicer.calls,
+        servicer.admitted(rpc),
+    ):
+        yield
 
 
 @dataclass(slots=True)
@@ -243,8 +286,9 @@ def unary_rpc(
             request: Any = _Held()
             try:
                 raw = await self.intake.receive(context, rpc in _DURING_DRAIN)
-                with self.intake.budget(len(raw)), self.calls:
-                    request = await _admit(self, rpc, raw, message_type, request)
+                look = _look(self, rpc, raw, message_type, request)
+                with _admitted(self, rpc, raw, look):
+                    request = await self.intake.parse(message_type, raw)
                     response = await method(self, request, context, rid)
             except asyncio.CancelledError:
                 _cancelled(self, rpc, request, start, rid, context)
@@ -277,8 +321,9 @@ def stream_rpc(
             request: Any = _Held()
             try:
                 raw = await self.intake.receive(context, rpc in _DURING_DRAIN)
-                with self.intake.budget(len(raw)), self.calls:
-                    request = await _admit(self, rpc, raw, message_type, request)
+                look = _look(self, rpc, raw, message_type, request)
+                with _admitted(self, rpc, raw, look):
+                    request = await self.intake.parse(message_type, raw)
                     async for item in method(self, request, context, rid):
                         yield item
             except (asyncio.CancelledError, GeneratorExit):

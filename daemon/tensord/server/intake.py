@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from tensord.codec import MAX_RANK
 from tensord.config_tables import LimitsSettings
 from tensord.dataplane import NOT_SERVING
 from tensord.errors import (
@@ -43,9 +44,15 @@ from tensord.wire import LENGTH, VARINT, WireError, count_varints, fields
 _PARSE_INLINE_BYTES = 256 * 1024
 """Messages up to this size are parsed on the event loop; larger ones on a worker thread."""
 _SMALL_MESSAGE_BYTES = 64 * 1024
-_COUNT_BYTES = 16 * 1024 * 1024
-"""Packed numbers are counted exactly up to this many bytes (milliseconds of work)."""
 """Health and Info requests, and a Generate's sampling parameters, are never larger."""
+_COUNT_BYTES = 16 * 1024 * 1024
+"""Packed token ids are counted exactly up to this many bytes (milliseconds of work);
+typed integers always are (a count of 64 MiB takes tens of milliseconds)."""
+MAX_NAME_BYTES = 4096
+"""The longest model, tensor or output name a request may carry."""
+_PARSED_INTEGER_BYTES = 8
+"""What one typed integer of a request costs once parsed (protobuf keeps int64s)."""
+_TYPED_INTEGER_FIELDS = frozenset({1, 2, 3})  # TensorContents bool, int32 and int64 values
 
 
 @dataclass(slots=True)
@@ -59,6 +66,9 @@ class Look:
     token_ids: int = 0
     """Generate: how many prompt_token_ids (the fewest there can be when not exact)."""
     token_ids_exact: bool = True
+    parsed_extra_bytes: int = 0
+    """How much more memory the parsed message takes than its wire bytes (typed integers
+    packed as one-byte varints become 8 bytes each)."""
 
 
 class _Walk:
@@ -86,13 +96,18 @@ class _Walk:
             yield field
 
     def model(self, field: Any) -> str:
-        name = self.text(field)
+        name = self.text(field, "the model name")
         self.on_model(name)
         return name
 
-    def text(self, field: Any) -> str:
+    def text(self, field: Any, what: str) -> str:
         if field.wire_type != LENGTH:
             raise WireError(f"field {field.number} should be length-delimited")
+        if field.end - field.value > MAX_NAME_BYTES:
+            raise InvalidArgumentError(
+                f"{what} takes {field.end - field.value} bytes; names are at most "
+                f"{MAX_NAME_BYTES} bytes"
+            )
         try:
             return bytes(self.data[field.value : field.end]).decode()
         except UnicodeDecodeError:
@@ -108,22 +123,22 @@ class _Walk:
             )
         return count + 1
 
-    def repeated_numbers(self, field: Any) -> tuple[int, bool]:
+    def repeated_numbers(self, field: Any, exact: bool = False) -> tuple[int, bool]:
         """Entries of one repeated number field occurrence: 1 unpacked; packed, the count
-        (or, past _COUNT_BYTES, the fewest a field that long holds: a varint takes at most
-        10 bytes, and so many ids pass any model's context)."""
+        (or, past _COUNT_BYTES and unless `exact`, the fewest a field that long holds: a
+        varint takes at most 10 bytes, and so many ids pass any model's context)."""
         if field.wire_type != LENGTH:
             return 1, True
         length = field.end - field.value
-        if length > _COUNT_BYTES:
+        if length > _COUNT_BYTES and not exact:
             return length // 10, False
         return count_varints(self.data, field.value, field.end), True
 
 
 def _model_and_version(walk: _Walk, field: Any, look: Look) -> bool:
     """Fields 1 and 2 of every request: the model name and version (True when `field` was
-    one of them)."""
-    if field.number == 1:
+    one of them). Every occurrence of the name is checked: protobuf keeps the last."""
+    if field.number == 1 and field.wire_type == LENGTH:
         look.model = walk.model(field)
     elif field.number == 2 and field.wire_type == VARINT:
         look.version = field.value
@@ -132,57 +147,101 @@ def _model_and_version(walk: _Walk, field: Any, look: Look) -> bool:
     return True
 
 
+def _look_tensor(walk: _Walk, field: Any, index: int) -> int:
+    """One input Tensor: its name's length and its rank, refused past their limits before
+    protobuf builds them (as the decoder would word it); the typed integers its contents
+    hold."""
+    rank = integers = 0
+    exact = True
+    name = ""
+    for inner in walk.fields(field.value, field.end):
+        if inner.number == 1:
+            name = walk.text(inner, f"inputs[{index}]'s name")
+        elif inner.number == 3:  # shape: repeated int64, packed or not
+            count, counted = walk.repeated_numbers(inner)
+            rank += count
+            exact &= counted
+        elif inner.number == 5 and inner.wire_type == LENGTH:
+            for value in walk.fields(inner.value, inner.end):
+                if value.number in _TYPED_INTEGER_FIELDS:
+                    integers += walk.repeated_numbers(value, exact=True)[0]
+    if rank > MAX_RANK:
+        raise InvalidArgumentError(
+            f"inputs[{index}] {name!r}: shape has rank {'' if exact else 'at least '}{rank}; "
+            f"at most {MAX_RANK} dimensions are supported"
+        )
+    return integers
+
+
 def _look_predict(walk: _Walk) -> Look:
     look = Look()
-    tensors = names = 0
+    tensors = names = integers = 0
+    cap = walk.limits.max_typed_integers
     for field in walk.fields():
         if _model_and_version(walk, field, look):
             continue
         if field.number == 3 and field.wire_type == LENGTH:
+            integers += _look_tensor(walk, field, tensors)
             tensors = walk.tensor_count(tensors, "input tensors")
-            for inner in walk.fields(field.value, field.end):  # a Tensor, and its contents
-                if inner.number == 5 and inner.wire_type == LENGTH:
-                    for _ in walk.fields(inner.value, inner.end):
-                        pass
+            if cap and integers > cap:
+                raise InvalidArgumentError(
+                    f"the request carries more than {cap} bool and integer values as typed "
+                    "contents ([limits] max_typed_integers); send tensors this large as "
+                    "raw_data"
+                )
         elif field.number == 4:
+            walk.text(field, f"output_names[{names}]")
             names = walk.tensor_count(names, "output names")
+    look.parsed_extra_bytes = integers * _PARSED_INTEGER_BYTES
     return look
 
 
 def _look_generate(walk: _Walk) -> Look:
     look = Look()
+    sampling = 0
     for field in walk.fields():
         if _model_and_version(walk, field, look):
             continue
         if field.number == 3 and field.wire_type == LENGTH:
-            look.prompt_bytes += field.end - field.value
+            look.prompt_bytes = field.end - field.value  # protobuf keeps the last one
         elif field.number == 4:
             count, exact = walk.repeated_numbers(field)
             look.token_ids += count
             look.token_ids_exact &= exact
         elif field.number == 5 and field.wire_type == LENGTH:
-            if field.end - field.value > _SMALL_MESSAGE_BYTES:
+            sampling += field.end - field.value  # protobuf merges every occurrence
+            if sampling > _SMALL_MESSAGE_BYTES:
                 raise InvalidArgumentError(
-                    f"sampling takes {field.end - field.value} bytes; sampling parameters "
-                    f"(stop strings and stop token ids included) fit in {_SMALL_MESSAGE_BYTES}"
+                    f"sampling takes more than {_SMALL_MESSAGE_BYTES} bytes; sampling "
+                    "parameters (stop strings and stop token ids included) fit in "
+                    f"{_SMALL_MESSAGE_BYTES}"
                 )
             for _ in walk.fields(field.value, field.end):
                 pass
+    look.parsed_extra_bytes = look.token_ids * _PARSED_INTEGER_BYTES
     return look
 
 
-def _look_model(walk: _Walk) -> Look:
+def _look_health(walk: _Walk) -> Look:
     look = Look()
     for field in walk.fields():
-        _model_and_version(walk, field, look)
+        if field.number == 1 and field.wire_type == LENGTH:
+            look.model = walk.model(field)
     return look
+
+
+def _look_fields(walk: _Walk) -> Look:
+    """A message with no fields of its own (InfoRequest): unknown fields are only counted."""
+    for _ in walk.fields():
+        pass
+    return Look()
 
 
 _LOOKERS = {
     "Predict": _look_predict,
     "Generate": _look_generate,
-    "Health": _look_model,
-    "Info": _look_model,
+    "Health": _look_health,
+    "Info": _look_fields,
 }
 
 
@@ -283,13 +342,20 @@ class Intake:
 
     async def parse(self, message_type: Any, data: bytes) -> Any:
         """The parsed message (on a worker thread when large); INVALID_ARGUMENT for bytes
-        protobuf refuses."""
+        protobuf refuses. A call cancelled meanwhile returns only once the parse is over,
+        so that the budget it holds covers the parse's memory to the end."""
         from google.protobuf.message import DecodeError
 
         try:
-            if len(data) > _PARSE_INLINE_BYTES:
-                return await asyncio.to_thread(message_type.FromString, data)
-            return message_type.FromString(data)
+            if len(data) <= _PARSE_INLINE_BYTES:
+                return message_type.FromString(data)
+            parsing = asyncio.ensure_future(asyncio.to_thread(message_type.FromString, data))
+            try:
+                return await asyncio.shield(parsing)
+            except asyncio.CancelledError:
+                # The thread parses on: its memory stays counted in the budget until done.
+                await asyncio.wait((parsing,))
+                raise
         except DecodeError as exc:
             raise InvalidArgumentError(
                 f"the request is not a valid {message_type.DESCRIPTOR.full_name} message "

@@ -1,4 +1,4 @@
-"""Server interceptors: authentication (with per-token rate limits) and stream admission.
+"""Server interceptors: authentication, with per-token rate limits.
 
 An aio interceptor sees the method and the metadata, not the request message, so the
 split is: the interceptor authenticates the caller and stores it in
@@ -9,14 +9,14 @@ message of the TensordError and the caller's x-request-id in the trailers.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 import structlog
 
 from tensord.access import current_principal
-from tensord.errors import ResourceExhaustedError, TensordError
+from tensord.errors import TensordError
 from tensord.server.auth import Authenticator, has_authorization
 from tensord.server.context import REQUEST_ID, request_id
 from tensord.server.status import error_trailers
@@ -27,7 +27,6 @@ log = structlog.get_logger("tensord.request")
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 # Called for every refused call: (method, status code).
 RejectHook = Callable[[str, grpc.StatusCode], None]
-GENERATE_METHOD = "/tensord.v1.InferenceService/Generate"
 
 
 async def _abort(
@@ -93,72 +92,3 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         # The handler runs in this call's task, so it sees the principal set here.
         current_principal.set(principal)
         return await continuation(handler_call_details)
-
-
-class StreamLimitInterceptor(grpc.aio.ServerInterceptor):
-    """At most `limit` Generate streams at once across the daemon; more are refused at once.
-
-    A slot is taken when the handler starts (check and take with no await between them, so
-    calls arriving together cannot overshoot) and given back when its stream ends, fails or
-    is cancelled.
-    """
-
-    def __init__(
-        self,
-        limit: int,
-        method: str = GENERATE_METHOD,
-        on_reject: RejectHook | None = None,
-    ) -> None:
-        self.limit = limit
-        self.active = 0
-        self._method = method
-        self._on_reject = on_reject
-
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method != self._method:
-            return handler
-        if not handler.response_streaming:
-            return handler
-        behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
-        make = (
-            grpc.stream_stream_rpc_method_handler
-            if handler.request_streaming
-            else grpc.unary_stream_rpc_method_handler
-        )
-
-        async def held(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            if self.active >= self.limit:
-                if self._on_reject is not None:
-                    self._on_reject(self._method, grpc.StatusCode.RESOURCE_EXHAUSTED)
-                await _abort(
-                    context,
-                    ResourceExhaustedError(
-                        f"{self.active} Generate streams are in progress, the most this server "
-                        f"takes ([limits] max_generate_streams = {self.limit}); retry shortly"
-                    ),
-                    self._method,
-                )
-            self.active += 1
-            try:
-                async for item in _stream(behavior(request, context)):
-                    yield item
-            finally:
-                self.active -= 1
-
-        return make(
-            held,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
-async def _stream(result: Any) -> AsyncIterator[Any]:
-    """A handler's stream, whether it is an async generator or a coroutine returning one."""
-    if hasattr(result, "__aiter__"):
-        async for item in result:
-            yield item
-    else:
-        await result

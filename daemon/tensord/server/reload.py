@@ -72,6 +72,7 @@ LIVE_KEYS = (
     "limits.max_prompt_tokens",
     "limits.max_tensors_per_request",
     "limits.max_request_fields",
+    "limits.max_typed_integers",
     "limits.max_request_bytes_in_flight",
     "limits.receive_timeout_seconds",
     "tls.cert_file",

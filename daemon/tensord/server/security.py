@@ -12,7 +12,8 @@ import structlog
 from tensord.config import ServerSettings, TensordConfig
 from tensord.errors import ConfigError
 from tensord.server.auth import Authenticator
-from tensord.server.interceptors import AuthInterceptor, RejectHook, StreamLimitInterceptor
+from tensord.server.context import StreamSlots
+from tensord.server.interceptors import AuthInterceptor, RejectHook
 from tensord.server.tls import ServerTLS
 
 log = structlog.get_logger("tensord.server")
@@ -50,15 +51,14 @@ class Security:
         self.tls = ServerTLS(config.tls) if config.tls.enabled else None
         self.authenticator = Authenticator(config.auth) if config.auth.enabled else None
         self.stream_limit = (
-            StreamLimitInterceptor(config.limits.max_generate_streams, on_reject=on_reject)
+            StreamSlots(config.limits.max_generate_streams)
             if config.limits.max_generate_streams
             else None
         )
+        """The Generate stream slots the servicer takes once a request has arrived."""
         self.interceptors: list[grpc.aio.ServerInterceptor] = []
         if self.authenticator is not None:
             self.interceptors.append(AuthInterceptor(self.authenticator, on_reject))
-        if self.stream_limit is not None:
-            self.interceptors.append(self.stream_limit)
 
     @property
     def mode(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from tensord.dataplane import DataPlane, PredictResult
 from tensord.errors import ResourceExhaustedError
 from tensord.observability.observer import RequestObserver
 from tensord.server import converters
-from tensord.server.context import CallsInFlight, Ctx, stream_rpc, unary_rpc
+from tensord.server.context import CallsInFlight, Ctx, StreamSlots, stream_rpc, unary_rpc
 from tensord.server.intake import Intake, Look
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
@@ -39,6 +40,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         observer: RequestObserver | None = None,
         max_send_message_bytes: int = 0,
         limits: LimitsSettings | None = None,
+        stream_slots: StreamSlots | None = None,
     ) -> None:
         self._dataplane = dataplane
         self.intake = Intake(limits or LimitsSettings())
@@ -50,6 +52,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self.max_send_message_bytes = max_send_message_bytes
         """Largest reply gRPC will send (0: unchecked); larger Predict outputs are refused
         before they are encoded."""
+        self.stream_slots = stream_slots
+        """[limits] max_generate_streams; None when there is no limit."""
 
     def check_model(self, rpc: str, model: str) -> None:
         """As soon as a request's model name is read: the caller may use it."""
@@ -63,6 +67,12 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             self._dataplane.check_prompt_size(
                 look.model, look.version, look.prompt_bytes, look.token_ids, look.token_ids_exact
             )
+
+    def admitted(self, rpc: str) -> contextlib.AbstractContextManager[None]:
+        """What a parsed call holds while it runs: a Generate stream's slot."""
+        if rpc == "Generate" and self.stream_slots is not None:
+            return self.stream_slots.held()
+        return contextlib.nullcontext()
 
     @unary_rpc(pb.PredictRequest)
     async def Predict(
