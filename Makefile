@@ -13,7 +13,7 @@ ARGS ?=
 SOAK_ARGS ?=
 FUZZ_SECONDS ?= 600
 
-.PHONY: setup setup-gpu proto demo serve test test-packages bench bench-soak bench-fuzz bench-gpu lint npm-deps systemd-tools clean help
+.PHONY: setup setup-gpu proto demo serve test test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-parts lint npm-deps systemd-tools clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
@@ -25,6 +25,8 @@ help:
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
 	@echo "make bench-fuzz fuzz the daemon for FUZZ_SECONDS (600; make test fuzzes 30 s)"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
+	@echo "make gpu-wheels the wheels tests/gpu/run-offline.sh installs on an offline GPU host"
+	@echo "make gpu-ort-parts  onnxruntime-gpu in checksummed parts for an offline GPU host"
 	@echo "make lint       ruff and mypy"
 
 $(PY):
@@ -124,6 +126,29 @@ bench-soak: $(SETUP_STAMP) demo
 bench-gpu: $(SETUP_STAMP)
 	$(PY) benchmarks/kernel_bench.py $(KERNEL_ARGS)
 	$(PY) benchmarks/gpu_bench.py $(ARGS)
+
+# The offline GPU run (docs/development.md): wheels for the GPU host's Python 3.12, which
+# has no network; tests/gpu/run-offline.sh installs them with --no-index.
+GPU_WHEELS ?= build/gpu-wheels
+ORT_PARTS ?= build/ort-gpu-parts
+ORT_PART_SIZE ?= 48M
+GPU_PIP_DOWNLOAD = $(PY) -m pip download --disable-pip-version-check --only-binary=:all: \
+	--python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64
+
+gpu-wheels: | $(PY)
+	rm -rf $(GPU_WHEELS)
+	$(GPU_PIP_DOWNLOAD) -d $(GPU_WHEELS) -r tests/gpu/offline-requirements.txt
+	@bytes=$$(du -sb $(GPU_WHEELS) | cut -f1); \
+	echo "$(GPU_WHEELS): $$(ls $(GPU_WHEELS) | wc -l) wheels, $$((bytes / 1048576)) MiB ($$bytes bytes)"; \
+	if [ $$bytes -gt 67108864 ]; then echo "over the 64 MiB one GPU run may carry"; exit 1; fi
+
+gpu-ort-parts: | $(PY)
+	rm -rf $(ORT_PARTS) build/ort-gpu-wheel
+	$(GPU_PIP_DOWNLOAD) --no-deps -d build/ort-gpu-wheel "onnxruntime-gpu>=1.20,<2"
+	tests/gpu/ort-gpu-parts.sh build/ort-gpu-wheel/onnxruntime_gpu-*.whl $(ORT_PARTS) $(ORT_PART_SIZE)
+	rm -rf build/ort-gpu-wheel
 
 lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check daemon clients/python tests benchmarks

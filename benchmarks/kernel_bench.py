@@ -16,7 +16,7 @@ Predict with GPU preprocessing against CPU preprocessing.
    images each; images/s and p50/p99 latency per path.
 
 Without a CUDA device it says so and exits 0 without measuring anything. Results go to
-benchmarks/results/kernels-<timestamp>.json and a table is printed.
+benchmarks/results/kernels-<timestamp>.json (or `--out`) and a table is printed.
 """
 
 from __future__ import annotations
@@ -295,6 +295,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="images per Predict")
     parser.add_argument("--image", default="480x640", help="image size HxW")
     parser.add_argument("--skip-predict", action="store_true", help="kernels only")
+    parser.add_argument("--out", type=Path, help="write the JSON results here")
     args = parser.parse_args()
     gpus = probe_gpus()
     if not gpus.gpus:
@@ -326,10 +327,10 @@ def main() -> None:
                 "Predict: skipped, this ONNX Runtime has no CUDAExecutionProvider (make setup-gpu)"
             )
     out_dir = use_venv.REPO / "benchmarks" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"kernels-{datetime.now(UTC):%Y%m%d-%H%M%S}.json"
+    path = args.out or out_dir / f"kernels-{datetime.now(UTC):%Y%m%d-%H%M%S}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2))
-    print(f"results: {path.relative_to(use_venv.REPO)}")
+    print(f"results: {path}")
 
 
 if __name__ == "__main__":
