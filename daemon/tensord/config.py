@@ -108,8 +108,9 @@ class TensordConfig(Settings):
     cache_directory: Path = Path("cache")
     """Where TensorRT engines and compiled kernels are cached (relative: as above)."""
     follow_model_symlinks: bool = False
-    """Serve model files that symlinks lead outside their model's directory (a shared
-    store, Hugging Face's cache). Off, such a version fails with the reason."""
+    """Serve model files (and a generator's JSON files) that symlinks lead outside their
+    model's directory (a shared store, Hugging Face's cache). Off, such a version fails
+    with the reason."""
     tls: TLSSettings = TLSSettings()
     """TLS and mutual TLS on the gRPC port."""
     auth: AuthSettings = AuthSettings()

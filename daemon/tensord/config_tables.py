@@ -128,7 +128,9 @@ class AuthSettings(Settings):
     Re-read on reload; turning authentication on or off needs a restart."""
     open_health: bool = True
     """`grpc.health.v1.Health` and `tensord.v1.InferenceService/Health` answer without a
-    token, so load balancers and probes need none."""
+    token, so load balancers and probes need none. Without a token a caller learns the
+    server's status and no model list; `grpc.health.v1` Check and Watch of
+    `tensord.model.<name>` still answer, as load balancers probe a model by name."""
     open_reflection: bool = False
     """Server reflection answers without a token (it describes the API, never data)."""
     rate_per_second: float = Field(default=0.0, ge=0, le=1e9, allow_inf_nan=False)

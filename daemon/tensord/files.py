@@ -1,5 +1,5 @@
-"""Files the daemon reads and writes: TOML with one clear message for each way it cannot be
-read, and caches written atomically."""
+"""Files the daemon reads and writes: TOML and other files of bounded size, with one clear
+message for each way they cannot be read, and caches written atomically."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
+
+from tensord.toml_nesting import find_too_deep
 
 MAX_TOML_BYTES = 4 * 1024 * 1024
 """The largest configuration file read (the daemon's, a model.toml, the token file)."""
@@ -22,43 +24,73 @@ def read_toml(path: Path, error: type[Exception], label: str = "") -> dict[str, 
     """The file's tables; `error(message)` naming `label` (default: the path) otherwise.
 
     Only a regular file is opened for reading (a FIFO would block the reader until
-    somebody writes to it), at most MAX_TOML_BYTES of it, nested at most 64 levels."""
+    somebody writes to it), at most MAX_TOML_BYTES of it, nested at most 64 levels: text
+    that nests deeper is refused, at its line, before the parser reads it (the parser takes
+    time quadratic in the parts of a dotted key)."""
     where = label or str(path)
+    data = read_regular_file(path, MAX_TOML_BYTES, error, "a TOML file", label)
     try:
-        text = _read_regular(path, where, error).decode("utf-8")
-        data = tomllib.loads(text)
-    except IsADirectoryError:
-        raise error(f"{where}: is a directory; expected a TOML file") from None
-    except OSError as exc:
-        raise error(f"{where}: cannot read: {exc.strerror or exc}") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(
             f"{where}: not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files are UTF-8"
         ) from None
+    too_deep = find_too_deep(text, _MAX_NESTING)
+    if too_deep is not None:
+        raise error(
+            f"{where}: line {too_deep.line}: nested too deeply (at most {_MAX_NESTING} levels; "
+            "the parts of a dotted key, the table header above it and the arrays and inline "
+            "tables around it all count)"
+        )
+    try:
+        parsed = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{where}: not valid TOML: {exc}") from None
     except RecursionError:
         raise error(f"{where}: nested too deeply (at most {_MAX_NESTING} levels)") from None
-    if _depth(data) > _MAX_NESTING:
+    if _depth(parsed) > _MAX_NESTING:
         raise error(f"{where}: nested too deeply (at most {_MAX_NESTING} levels)")
-    return data
+    return parsed
 
 
-def _read_regular(path: Path, where: str, error: type[Exception]) -> bytes:
-    """A regular file's bytes (opened without blocking, so a FIFO is refused, not waited
-    on); `error` when it is something else or larger than MAX_TOML_BYTES."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
+def read_regular_file(
+    path: Path, max_bytes: int, error: type[Exception], expected: str, label: str = ""
+) -> bytes:
+    """The bytes of the regular file at `path` (symlinks followed), at most `max_bytes`.
+
+    It is opened without blocking, so a FIFO is refused rather than waited on (it would
+    hold the reader, a reload say, until somebody writes to it). Anything else than a
+    regular file, a larger file, or one that cannot be read raises `error(message)`, the
+    message naming `label` (default: the path) and what was `expected` ("a TOML file")."""
+    where = label or str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except IsADirectoryError:
+        raise error(f"{where}: is a directory; expected {expected}") from None
+    except OSError as exc:
+        raise error(f"{where}: cannot read: {exc.strerror or exc}") from None
+    try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(path)
+            raise error(f"{where}: is a directory; expected {expected}")
         if not stat.S_ISREG(info.st_mode):
             kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "not a regular file"
-            raise error(f"{where}: is {kind}; expected a TOML file")
-        data = f.read(MAX_TOML_BYTES + 1)
-    if len(data) > MAX_TOML_BYTES:
-        raise error(f"{where}: is larger than {MAX_TOML_BYTES} bytes; expected a TOML file")
+            raise error(f"{where}: is {kind}; expected {expected}")
+        if info.st_size > max_bytes:
+            raise _too_large(where, max_bytes, expected, error)
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise error(f"{where}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # it grew since fstat
+        raise _too_large(where, max_bytes, expected, error)
     return data
+
+
+def _too_large(where: str, max_bytes: int, expected: str, error: type[Exception]) -> Exception:
+    return error(f"{where}: is larger than {max_bytes} bytes; expected {expected}")
 
 
 def _depth(value: Any) -> int:

@@ -106,8 +106,9 @@ def test_models_outside_the_allow_list_are_permission_denied(auth_server: Server
 
 
 def test_health_is_open_and_reflection_closed_by_default(auth_server: ServerThread) -> None:
-    with client(auth_server, None) as c:
-        assert [m.name for m in c.health().models] == ["cnn", "mlp", "mlp_batched"]
+    with client(auth_server, None) as c:  # the server's status, no model's name
+        reply = c.health()
+        assert reply.status == pb.SERVING_STATUS_SERVING and list(reply.models) == []
     with grpc.insecure_channel(auth_server.target) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -229,7 +230,7 @@ def test_failure_reasons_show_server_paths_only_to_operators(
     absolute = str(repo.resolve())
     srv = serve(repo, auth__token_file=tokens)
     try:
-        for token in (None, MLP_ONLY, ADMIN):
+        for token in (MLP_ONLY, ADMIN):
             with client(srv, token) as c:
                 (broken,) = [m for m in c.health().models if m.name == "broken"]
                 assert "broken/1/model.onnx" in broken.reason
@@ -249,3 +250,125 @@ def test_failure_reasons_show_server_paths_only_to_operators(
             assert f"{absolute}/broken/1/model.onnx" in broken.reason
     finally:
         open_srv.stop()
+
+
+def test_an_anonymous_caller_learns_the_server_status_and_no_model(
+    auth_server: ServerThread,
+) -> None:
+    """With authentication on, open health without a token: the server's own services and
+    status, no model list; a model named in grpc.health.v1 Check is answered (load
+    balancers probe by name), InferenceService/Health of a model needs a token."""
+    with client(auth_server, None) as c:
+        assert list(c.health().models) == []
+        err = error_of(lambda: c.health("mlp"))
+        assert err.code() == Code.UNAUTHENTICATED
+        assert err.details() == (
+            "a call without a token learns the server's status only; to ask about model "
+            "'mlp', send the metadata 'authorization: Bearer <token>'"
+        )
+        assert error_of(lambda: c.health("no-such-model")).details() == err.details().replace(
+            "'mlp'", "'no-such-model'"
+        )
+    with grpc.insecure_channel(auth_server.target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        listed = stub.List(health_pb2.HealthListRequest(), timeout=10).statuses
+        assert sorted(listed) == ["", "tensord.v1.InferenceService"]
+        probe = health_pb2.HealthCheckRequest(service="tensord.model.cnn")
+        assert stub.Check(probe, timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        unknown = health_pb2.HealthCheckRequest(service="tensord.model.nope")
+        assert error_of(lambda: stub.Check(unknown, timeout=10)).code() == Code.NOT_FOUND
+        watch = stub.Watch(probe, timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+        bearer = (("authorization", f"Bearer {MLP_ONLY}"),)  # the same caller with its token
+        listed = stub.List(health_pb2.HealthListRequest(), metadata=bearer, timeout=10).statuses
+        assert sorted(listed) == ["", "tensord.model.mlp", "tensord.v1.InferenceService"]
+    with client(auth_server, MLP_ONLY) as c:
+        assert [m.name for m in c.health().models] == ["mlp"]
+
+
+def test_not_found_names_only_the_models_the_token_may_use(
+    small_repo: Path, tmp_path: Path
+) -> None:
+    """A token allowed a model that does not exist asks for it: NOT_FOUND lists the
+    models it may use, not every model of the server."""
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        token_entry("user", hash_token(MLP_ONLY), ["mlp", "retired"])
+        + token_entry("admin", hash_token(ADMIN), ["*"])
+    )
+    srv = serve(small_repo, auth__token_file=tokens)
+    try:
+        with client(srv, MLP_ONLY) as c:
+            for call in (lambda: c.predict("retired", {"input": X}), lambda: c.health("retired")):
+                err = error_of(call)
+                assert err.code() == Code.NOT_FOUND
+                assert err.details() == "model 'retired' not found; models: mlp"
+        with client(srv, ADMIN) as c:
+            err = error_of(lambda: c.health("retired"))
+            assert err.details() == "model 'retired' not found; models: cnn, mlp, mlp_batched"
+    finally:
+        srv.stop()
+
+
+def test_a_failure_reason_hides_a_path_with_spaces_and_quotes(
+    small_repo: Path, tmp_path: Path
+) -> None:
+    """A model file symlinked out of the repository, to a path with spaces and quotes: the
+    reason shows only the file's name to a token that is not an operator's, whole."""
+    import os
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(small_repo / "mlp", repo / "mlp")
+    outside = tmp_path / "private data" / 'alice\'s "models"'
+    outside.mkdir(parents=True)
+    shutil.copy(small_repo / "mlp" / "1" / "model.onnx", outside / "weights.onnx")
+    (repo / "linked" / "1").mkdir(parents=True)
+    os.symlink(outside / "weights.onnx", repo / "linked" / "1" / "model.onnx")
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        token_entry("user", hash_token(MLP_ONLY), ["linked"])
+        + token_entry("admin", hash_token(ADMIN), ["*"])
+    )
+    expected = (
+        "linked/1/model.onnx leads to '.../weights.onnx', outside the model's directory "
+        "linked; move the file in, or set follow_model_symlinks = true in the daemon's config"
+    )
+    srv = serve(repo, auth__token_file=tokens)
+    try:
+        with client(srv, MLP_ONLY) as c:
+            assert [(m.name, m.reason) for m in c.health().models] == [("linked", expected)]
+            assert [(m.name, m.reason) for m in c.info().models] == [("linked", expected)]
+        with client(srv, ADMIN) as c:
+            (linked,) = [m for m in c.info().models if m.name == "linked"]
+            assert repr(str((outside / "weights.onnx").resolve())) in linked.reason
+            (linked,) = [m for m in c.health().models if m.name == "linked"]
+            assert linked.reason == expected
+    finally:
+        srv.stop()
+
+
+def test_a_large_token_file_is_read_off_the_event_loop(small_repo: Path, tmp_path: Path) -> None:
+    """A token file of 30 000 entries (3.6 MB) takes about a second to read; the reload
+    reads it on a worker thread, and calls are answered meanwhile."""
+    import asyncio
+
+    path = tmp_path / "tokens.toml"
+    users = (token_entry(f"user-{i}", f"{i:064x}", ["mlp"]) for i in range(30_000))
+    path.write_text(token_entry("admin", hash_token(ADMIN), ["*"]) + "".join(users))
+    srv = serve(small_repo, auth__token_file=path)
+    try:
+        assert srv.server is not None
+        with client(srv, ADMIN) as c:
+            c.health()  # the connection is up before the reload starts
+            reload = asyncio.run_coroutine_threadsafe(srv.server.reload(), srv.loop)
+            waits = []
+            while not reload.done():
+                start = time.perf_counter()
+                c.health()
+                waits.append(time.perf_counter() - start)
+            assert reload.result(60).ok
+        assert len(waits) >= 5 and max(waits) < 0.5, waits
+    finally:
+        srv.stop()

@@ -158,3 +158,36 @@ def test_bad_tls_settings_fail_at_start(small_repo: Path, pki: PKI, tmp_path: Pa
             tls__key_file=pki.server.key_file,
             tls__client_ca_file=garbage,
         )
+
+
+def test_a_fifo_or_an_oversized_certificate_file_is_refused_at_reload(
+    small_repo: Path, pki: PKI, tmp_path: Path
+) -> None:
+    """A reload (SIGHUP) reads each file only as a regular file of at most 4 MiB: a FIFO
+    would hold the reload until somebody wrote to it. The pair in force stays."""
+    from tensord.server.tls import MAX_PEM_BYTES
+
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    cert.write_bytes(pki.server.cert_pem)
+    key.write_bytes(pki.server.key_pem)
+    srv = serve(small_repo, tls__cert_file=cert, tls__key_file=key)
+    try:
+        assert srv.server is not None
+        key.unlink()
+        os.mkfifo(key)
+        result = srv.call(srv.server.reload())  # what SIGHUP does
+        bound = "expected a PEM file of at most 4 MiB"
+        assert result.hook_errors == [
+            f"TensordServer._reload_security: tls: key_file {key}: is a FIFO; {bound}"
+        ]
+        key.unlink()
+        with open(key, "wb") as f:  # sparse: nothing is written
+            f.truncate(MAX_PEM_BYTES + 1)
+        with pytest.raises(ConfigError) as info:
+            srv.server.security.reload()
+        assert str(info.value) == (
+            f"tls: key_file {key}: is larger than {MAX_PEM_BYTES} bytes; {bound}"
+        )
+        assert healthy(srv, TLSOptions(pki.ca.cert_file))
+    finally:
+        srv.stop()

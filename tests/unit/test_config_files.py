@@ -5,14 +5,16 @@ daemon's config, model.toml and the token file go through the same reader."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tensord.config import load_config
 from tensord.config_tables import AuthSettings
 from tensord.errors import ConfigError, ModelLoadError
-from tensord.files import MAX_TOML_BYTES
+from tensord.files import MAX_TOML_BYTES, read_toml
 from tensord.registry.model_config import read_model_config
 from tensord.server.auth import read_token_file
 
@@ -41,7 +43,58 @@ def _refused(tmp_path: Path, reader: str, make: object) -> str:
 @pytest.mark.parametrize("text", [NESTED_ARRAYS, NESTED_TABLES], ids=["arrays", "tables"])
 def test_deep_nesting_is_refused_naming_the_file(tmp_path: Path, reader: str, text: str) -> None:
     message = _refused(tmp_path, reader, lambda p: p.write_text(text))
-    assert message.endswith(f"{READERS[reader][0]}: nested too deeply (at most 64 levels)")
+    assert message.endswith(f"{READERS[reader][0]}: line 1: {TOO_DEEP}")
+
+
+TOO_DEEP = (
+    "nested too deeply (at most 64 levels; the parts of a dotted key, the table header above "
+    "it and the arrays and inline tables around it all count)"
+)
+LONG_KEY = "a." * 40_000 + "b"
+"""A key of 40 001 parts (80 KB): the TOML parser alone takes over ten seconds on it."""
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (f"{LONG_KEY} = 1\n", 1),
+        (f"x = 1\n[{LONG_KEY}]\n", 2),
+        (f"[[{LONG_KEY}]]\n", 1),
+        (f"x = {{ {LONG_KEY} = 1 }}\n", 1),
+        ("[" + ".".join(["t"] * 40) + "]\n\n" + ".".join(["k"] * 30) + " = 1\n", 3),
+        ("x = [\n  1, # ] }\n  {" + "a." * 70 + "b = 2},\n]\n", 3),
+    ],
+    ids=["dotted key", "table header", "array of tables", "inline table", "header+key", "array"],
+)
+def test_keys_nested_too_deeply_are_refused_at_their_line_before_parsing(
+    tmp_path: Path, reader: str, text: str, line: int
+) -> None:
+    start = time.perf_counter()
+    message = _refused(tmp_path, reader, lambda p: p.write_text(text))
+    took = time.perf_counter() - start
+    assert message.endswith(f"{READERS[reader][0]}: line {line}: {TOO_DEEP}")
+    assert took < 2.0, took
+
+
+def test_nesting_up_to_the_limit_is_read(tmp_path: Path) -> None:
+    """64 levels are fine, and dots in strings and comments are no key's."""
+    path = tmp_path / "deep.toml"
+    header = "[" + ".".join(["t"] * 63) + "]"
+    path.write_text(
+        f"{'.'.join(['k'] * 64)} = 1\n{header}\n"
+        f'x = "{"a." * 100}"  # {"." * 100}\n'
+        f"y = '''\n{'[a.' * 100}\n'''\n"
+    )
+    data = read_toml(path, ConfigError)
+    table: Any = data
+    for _ in range(63):
+        table = table["t"]
+    assert table == {"x": "a." * 100, "y": "[a." * 100 + "\n"}
+    value: Any = data
+    for _ in range(64):
+        value = value["k"]
+    assert value == 1
 
 
 @pytest.mark.parametrize("reader", list(READERS))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +17,13 @@ from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
 from tensord.generate.demo_graph import DecoderShape
 from tensord.generate.demo_model import DemoGeneratorOptions, build_demo_generator
-from tensord.generate.hf_config import GenerationDefaults
-from tensord.generate.model_dir import is_generator_dir, load_generator_dir, read_generator_spec
+from tensord.generate.hf_config import MAX_JSON_BYTES, GenerationDefaults
+from tensord.generate.model_dir import (
+    MAX_TOKENIZER_BYTES,
+    is_generator_dir,
+    load_generator_dir,
+    read_generator_spec,
+)
 
 LAYER_NAMES = tuple(f"past_key_values.{i}.{kind}" for i in range(4) for kind in ("key", "value"))
 
@@ -313,3 +319,38 @@ def test_broken_directories(
     breaks(d)
     with pytest.raises(ModelLoadError, match=message):
         load_generator_dir(d)
+
+
+TOKENIZER_BOUND = (
+    "a tokenizer.json of at most 128 MiB (the largest vocabularies take a few tens of MB)"
+)
+JSON_BOUND = "a JSON file of at most 16 MiB"
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("config.json", JSON_BOUND),
+        ("generation_config.json", JSON_BOUND),
+        ("tokenizer_config.json", JSON_BOUND),
+        ("tokenizer.json", TOKENIZER_BOUND),
+    ],
+)
+def test_a_fifo_or_an_oversized_json_file_is_refused(
+    tinylm: Path, tmp_path: Path, name: str, expected: str
+) -> None:
+    """Each JSON file is read only as a regular file within its bound: a FIFO would block
+    the load (and a reload after it) until somebody writes to it."""
+    fifo = _copy(tinylm, tmp_path / "fifo")
+    (fifo / name).unlink(missing_ok=True)
+    os.mkfifo(fifo / name)
+    with pytest.raises(ModelLoadError) as info:
+        load_generator_dir(fifo)
+    assert str(info.value) == f"{fifo / name}: is a FIFO; expected {expected}"
+    large = _copy(tinylm, tmp_path / "large")
+    limit = MAX_TOKENIZER_BYTES if name == "tokenizer.json" else MAX_JSON_BYTES
+    with open(large / name, "ab") as f:  # sparse: nothing is written
+        f.truncate(limit + 1)
+    with pytest.raises(ModelLoadError) as info:
+        load_generator_dir(large)
+    assert str(info.value) == f"{large / name}: is larger than {limit} bytes; expected {expected}"

@@ -198,8 +198,8 @@ def test_symlinks_out_of_the_model_directory_need_the_option(tmp_path: Path) -> 
     errors = {src.name: src.error for src in scan_repository(repo)}
     assert errors["inside"] == ""
     assert errors["linked"] == (
-        f"{repo / 'linked' / '1' / 'model.onnx'} leads to {store / 'model.onnx'}, outside the "
-        f"model's directory {repo / 'linked'}; move the file in, or set "
+        f"{repo / 'linked' / '1' / 'model.onnx'} leads to {str(store / 'model.onnx')!r}, "
+        f"outside the model's directory {repo / 'linked'}; move the file in, or set "
         "follow_model_symlinks = true in the daemon's config"
     )
     assert errors["fifo"] == f"{repo / 'fifo' / '1' / 'model.onnx'} is not a regular file"

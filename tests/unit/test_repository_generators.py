@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,37 @@ def test_stream_interval_auto_keeps_about_four_chunks_a_step() -> None:
         8,
     ]
     assert stream_interval(3, 1) == stream_interval(3, 64) == 3  # a set interval is kept
+
+
+def test_generator_files_follow_the_model_file_symlink_rule(tmp_path: Path) -> None:
+    """config.json, tokenizer.json and the optional JSON files, like the model file: a
+    symlink that leads out of the model's directory needs follow_model_symlinks, and a
+    FIFO is not a file."""
+    store = tmp_path / "store"
+    touch(store / "tokenizer.json", "{}")
+    touch(store / "tokenizer_config.json", "{}")
+    repo = tmp_path / "repo"
+    for name in ("tokenizer", "optional", "inside", "fifo"):
+        generator(repo / name)
+    (repo / "tokenizer" / "tokenizer.json").unlink()
+    (repo / "tokenizer" / "tokenizer.json").symlink_to(store / "tokenizer.json")
+    (repo / "optional" / "tokenizer_config.json").symlink_to(store / "tokenizer_config.json")
+    (repo / "inside" / "tokenizer_config.json").symlink_to("config.json")  # stays inside
+    os.mkfifo(repo / "fifo" / "generation_config.json")
+
+    def outside(name: str, file: str) -> str:
+        return (
+            f"{repo / name / file} leads to {str(store / file)!r}, outside the model's "
+            f"directory {repo / name}; move the file in, or set follow_model_symlinks = true "
+            "in the daemon's config"
+        )
+
+    errors = {src.name: src.error for src in scan_repository(repo)}
+    assert errors == {
+        "tokenizer": outside("tokenizer", "tokenizer.json"),
+        "optional": outside("optional", "tokenizer_config.json"),
+        "inside": "",
+        "fifo": f"{repo / 'fifo' / 'generation_config.json'} is not a regular file",
+    }
+    followed = {src.name: src.error for src in scan_repository(repo, follow_symlinks=True)}
+    assert followed == {**{name: "" for name in errors}, "fifo": errors["fifo"]}

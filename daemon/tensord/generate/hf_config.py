@@ -21,6 +21,11 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from tensord.errors import ModelLoadError
+from tensord.files import read_regular_file
+
+MAX_JSON_BYTES = 16 * 1024 * 1024
+"""The largest config.json, generation_config.json or tokenizer_config.json read (the
+largest published ones, with chat templates and added tokens, take a few megabytes)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,13 +37,19 @@ class JsonFile:
 
     @classmethod
     def read(cls, path: Path | None, *, required: bool = False) -> JsonFile:
-        if path is None or (not required and not path.is_file()):
+        """The file's object; an optional file that does not exist reads as empty. Only a
+        regular file of at most MAX_JSON_BYTES is read (a FIFO is refused, not waited on)."""
+        if path is None:
             return cls(None)
+        if not path.exists():
+            if not required:
+                return cls(None)
+            raise ModelLoadError(f"{path} does not exist")
+        size = f"a JSON file of at most {MAX_JSON_BYTES >> 20} MiB"
+        raw = read_regular_file(path, MAX_JSON_BYTES, ModelLoadError, size)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ModelLoadError(f"{path} does not exist") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise ModelLoadError(f"{path}: not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
+from tensord.files import read_regular_file
 from tensord.generate.graph_io import (
     POSITION_IDS,
     DecoderGraph,
@@ -42,6 +43,8 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+MAX_TOKENIZER_BYTES = 128 * 1024 * 1024
+"""The largest tokenizer.json read: several times the largest published vocabularies."""
 GENERATOR_FILES = (MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE)
 """The files that make a directory a generator (beside the model file)."""
 
@@ -153,8 +156,17 @@ class GeneratorDirectory:
 
 
 def _load_tokenizer(path: Path) -> Tokenizer:
+    """tokenizer.json, read as a regular file of bounded size and handed to `tokenizers`
+    as text (the library would open a FIFO and wait, and read any size)."""
+    expected = (
+        f"a tokenizer.json of at most {MAX_TOKENIZER_BYTES >> 20} MiB (the largest "
+        "vocabularies take a few tens of MB)"
+    )
+    raw = read_regular_file(path, MAX_TOKENIZER_BYTES, ModelLoadError, expected)
     try:
-        return Tokenizer.from_file(str(path))
+        return Tokenizer.from_str(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except Exception as exc:
         raise ModelLoadError(f"{path}: the tokenizers library cannot read it: {exc}") from None
 
@@ -260,21 +272,25 @@ def _shape(
 
 
 def _optional(directory: Path, name: str) -> Path | None:
+    """The optional file's path when something is there (JsonFile.read refuses what is not
+    a regular file), else None."""
     path = directory / name
-    return path if path.is_file() else None
+    return path if path.exists() else None
 
 
 def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> GeneratorDirectory:
     """Read and check a generator directory; raises ModelLoadError naming file and field."""
     directory = Path(directory)
     needed = (model_file, CONFIG_FILE, TOKENIZER_FILE)
-    missing = [n for n in needed if not (directory / n).is_file()]
+    missing = [n for n in needed if not (directory / n).exists()]
     if missing:
         raise ModelLoadError(
             f"{directory}: a generator directory holds {model_file}, config.json and "
             f"tokenizer.json; {', '.join(missing)} is missing"
         )
     model_path = directory / model_file
+    if not model_path.is_file():  # the JSON files' reader refuses what is not a file
+        raise ModelLoadError(f"{model_path} is not a regular file")
     graph = read_decoder_graph(model_path)
     config = JsonFile.read(directory / CONFIG_FILE, required=True)
     generation_path = _optional(directory, GENERATION_CONFIG_FILE)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import structlog
 
+from tensord.access import may_see
 from tensord.backends.base import Backend, BackendPlacement, DeviceOptions, TensorSpec
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.dtypes import DType
@@ -317,7 +318,8 @@ class ModelRegistry:
         return [mv for _, mv in sorted(versions.items())]
 
     def _not_found(self, name: str) -> NotFoundError:
-        known = ", ".join(self.names()) or "none"
+        """NOT_FOUND listing the models the caller may learn about (its token's)."""
+        known = ", ".join(n for n in self.names() if may_see(n)) or "none"
         return NotFoundError(f"model {name!r} not found; models: {known}")
 
     def get(self, name: str, version: int = 0) -> ModelVersion:

@@ -29,6 +29,8 @@ from tensord.registry.model_config import (
 
 # Beside the model file, these make a directory a generator (tensord.generate.model_dir).
 GENERATOR_MARKERS = ("config.json", "tokenizer.json")
+GENERATOR_OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json")
+"""Read when present; like the markers, they follow the model file's symlink rule."""
 
 Fingerprint = tuple[tuple[str, int, int, int], ...]
 
@@ -88,8 +90,8 @@ def scan_repository(root: Path, follow_symlinks: bool = False) -> list[VersionSo
 
     A broken model directory yields entries that carry its error, so it is reported
     as FAILED while the others load; so do two directories that claim the same name. A
-    model file that symlinks lead outside its model's directory fails too, unless
-    `follow_symlinks` (the config's follow_model_symlinks).
+    model file (or a generator's JSON file) that symlinks lead outside its model's
+    directory fails too, unless `follow_symlinks` (the config's follow_model_symlinks).
     """
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a directory")
@@ -157,7 +159,7 @@ def _scan_versions(
         path = directory / config.model_file
         error = _model_file_problem(path, model_dir, follow_symlinks)
         if not error and config.kind == "generator":
-            error = _generator_problem(directory, config.model_file)
+            error = _generator_problem(directory, config.model_file, model_dir, follow_symlinks)
         sources.append(
             VersionSource(name, version, path, config, error, fingerprint(directory), model_dir)
         )
@@ -215,13 +217,14 @@ def _refuse_shared_names(found: list[VersionSource]) -> list[VersionSource]:
 
 def _model_file_problem(path: Path, model_dir: Path, follow_symlinks: bool) -> str:
     """Why `path` cannot be served ("" when it can): missing, not a regular file, or led
-    outside the model's directory by symlinks."""
+    outside the model's directory by symlinks (the path it leads to quoted, as repr()
+    quotes it: it may hold spaces, and redaction replaces it whole)."""
     if not path.exists():
         return f"{path} does not exist"
     real = path.resolve()
     if not follow_symlinks and not real.is_relative_to(model_dir.resolve()):
         return (
-            f"{path} leads to {real}, outside the model's directory {model_dir}; move the "
+            f"{path} leads to {str(real)!r}, outside the model's directory {model_dir}; move the "
             "file in, or set follow_model_symlinks = true in the daemon's config"
         )
     if not real.is_file():
@@ -246,11 +249,21 @@ def _resolve_kind(config: ModelConfig, on_disk: dict[int, Path]) -> ModelConfig:
     )
 
 
-def _generator_problem(directory: Path, model_file: str) -> str:
-    missing = [n for n in GENERATOR_MARKERS if not (directory / n).is_file()]
-    if not missing:
-        return ""
-    return (
-        f"{directory}: a generator needs {' and '.join(GENERATOR_MARKERS)} beside "
-        f"{model_file}; {', '.join(missing)} is missing"
-    )
+def _generator_problem(
+    directory: Path, model_file: str, model_dir: Path, follow_symlinks: bool
+) -> str:
+    """Why a generator's files cannot be served ("" when they can): a marker is missing,
+    or one of its files is not a regular file or symlinks lead it outside the model's
+    directory (as for the model file)."""
+    missing = [n for n in GENERATOR_MARKERS if not (directory / n).exists()]
+    if missing:
+        return (
+            f"{directory}: a generator needs {' and '.join(GENERATOR_MARKERS)} beside "
+            f"{model_file}; {', '.join(missing)} is missing"
+        )
+    present = [n for n in GENERATOR_OPTIONAL_FILES if (directory / n).exists()]
+    for name in (*GENERATOR_MARKERS, *present):
+        problem = _model_file_problem(directory / name, model_dir, follow_symlinks)
+        if problem:
+            return problem
+    return ""

@@ -14,7 +14,6 @@ from typing import Any
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2
-from grpc_reflection.v1alpha import reflection
 
 from tensord import __version__, heap
 from tensord.backends.base import DeviceOptions
@@ -32,6 +31,8 @@ from tensord.registry.registry import (
 )
 from tensord.server.health import HealthServicer, add_health_servicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
+from tensord.server.reflection import SERVICE_NAME as REFLECTION_SERVICE_NAME
+from tensord.server.reflection import ReflectionServicer, add_reflection_servicer
 from tensord.server.reload import (
     ConfigLoader,
     Reloader,
@@ -100,7 +101,7 @@ class TensordServer:
         adopt_process_settings, on the daemon's own path, turns it on."""
         self.observability = Observability(config, self.registry)
         self.security = Security(config, self.observability.rejected)
-        self.add_reload_hook(self.security.reload)  # certificates and tokens re-read on SIGHUP
+        self.add_reload_hook(self._reload_security)  # certificates and tokens, on SIGHUP
         self.dataplane.generation_metrics = self.observability.generation
         self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens
         self.add_reload_hook(self._apply_limits)
@@ -119,9 +120,10 @@ class TensordServer:
         self._intake = servicer.intake
         add_servicer(servicer, self._server)
         add_health_servicer(self.health, self._server, servicer.intake)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+        self.reflection = ReflectionServicer(
+            (SERVICE_NAME, health.SERVICE_NAME, REFLECTION_SERVICE_NAME)
         )
+        add_reflection_servicer(self.reflection, self._server)
 
     async def start(self) -> int:
         """Listen (health NOT_SERVING), load every model, then report SERVING. Returns the port."""
@@ -262,6 +264,7 @@ class TensordServer:
         self.notifier.stopping(f"draining: in-flight calls get {grace:g} s")
         self.dataplane.serving = False
         self._intake.close()  # calls waiting for their message end; they never hold a drain
+        self.reflection.close()  # so do reflection streams waiting for their next request
         if self.watchdog is not None:
             await self.watchdog.stop()
         await self.health.enter_graceful_shutdown()
@@ -307,6 +310,11 @@ class TensordServer:
             self.watchdog.close()
         log.info("server.stopped", exit_code=self.exit_code)
         self.notifier.close()
+
+    async def _reload_security(self, config: TensordConfig) -> None:
+        """Re-read the certificates and the token file on a worker thread: a token file of
+        megabytes takes about a second to parse, and the event loop serves meanwhile."""
+        await asyncio.to_thread(self.security.reload, config)
 
     def _apply_limits(self, config: TensordConfig) -> None:
         self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens

@@ -5,7 +5,9 @@ A Watch stream never ends by itself, so a server that stops with a grace period 
 hold every open one for the whole grace. Here, once the drain has told watchers
 NOT_SERVING and the server stops taking calls, their streams end (OK), and the drain
 waits only for real work. A model's service (`tensord.model.<name>`) asked for with a
-token that may not use the model is NOT_FOUND, as an unknown service is.
+token that may not use the model is NOT_FOUND, as an unknown service is. With
+authentication on, a caller without a token (a load balancer) may Check or Watch a model's
+service by name, but List shows it only the server's own services.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from tensord.access import may_see
+from tensord.access import may_probe, may_see
 from tensord.server.intake import Intake, bounded_handlers
 
 SERVICE = "grpc.health.v1.Health"
@@ -32,9 +34,10 @@ class HealthServicer(health.aio.HealthServicer):
         self._model_prefix = model_prefix
 
     async def _hide(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
-        """NOT_FOUND for a model's service the caller may not learn about."""
+        """NOT_FOUND for another token's model's service (an anonymous caller may probe any
+        model it names: load balancers do, without a token)."""
         service = request.service
-        if service.startswith(self._model_prefix) and not may_see(
+        if service.startswith(self._model_prefix) and not may_probe(
             service[len(self._model_prefix) :]
         ):
             await context.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
@@ -62,7 +65,7 @@ class HealthServicer(health.aio.HealthServicer):
 
     async def List(self, request: Any, context: Any) -> Any:
         """Every service's status (grpc_health's asyncio servicer has no List), less the
-        models the caller may not learn about."""
+        models the caller may not learn about (all of them, for an anonymous caller)."""
         reply = health_pb2.HealthListResponse()
         for service, status in self._server_status.items():
             prefix = self._model_prefix

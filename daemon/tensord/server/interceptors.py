@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import structlog
 
-from tensord.access import current_principal
+from tensord.access import ANONYMOUS, current_principal
 from tensord.errors import TensordError
 from tensord.server.auth import Authenticator, has_authorization
 from tensord.server.context import REQUEST_ID, request_id
@@ -74,6 +74,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         method = handler_call_details.method
         metadata = handler_call_details.invocation_metadata
+        # Anonymous until a token names the caller: an open method's caller without one
+        # learns the server's status and no model's name (authentication off sets none).
+        # The handler runs in this call's task, so it sees the principal set here.
+        current_principal.set(ANONYMOUS)
         if method == PROBED_METHOD and is_probe(metadata):
             return await continuation(handler_call_details)
         if self._auth.is_open(method) and not has_authorization(metadata):

@@ -7,8 +7,11 @@ configuration, so new connections get the new certificate while open ones carry 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import ssl
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import structlog
 
 from tensord.config_tables import TLSSettings
 from tensord.errors import ConfigError
+from tensord.files import read_regular_file
 
 log = structlog.get_logger("tensord.tls")
 
@@ -30,16 +34,23 @@ class CertificateFiles:
     client_ca: bytes | None
 
 
+MAX_PEM_BYTES = 4 * 1024 * 1024
+"""The largest certificate chain, key or CA bundle read (a system's whole CA bundle takes
+a few hundred kilobytes)."""
+
+
 def read_certificates(settings: TLSSettings) -> CertificateFiles:
     """Read and check the files: the key must match the certificate, the CA bundle must
-    parse; ConfigError names the file and the problem."""
+    parse; ConfigError names the file and the problem. The checks run on the bytes read,
+    the same that gRPC is given."""
     if settings.cert_file is None or settings.key_file is None:
         raise ConfigError("tls: cert_file and key_file are not set")
     cert = _read(settings.cert_file, "cert_file")
     key = _read(settings.key_file, "key_file")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        context.load_cert_chain(settings.cert_file, settings.key_file)
+        with _in_memory(cert) as cert_path, _in_memory(key) as key_path:
+            context.load_cert_chain(cert_path, key_path)
     except ssl.SSLError as exc:
         raise ConfigError(
             f"tls: {settings.cert_file} and {settings.key_file} are not a PEM certificate "
@@ -49,7 +60,8 @@ def read_certificates(settings: TLSSettings) -> CertificateFiles:
     if settings.client_ca_file is not None:
         ca = _read(settings.client_ca_file, "client_ca_file")
         try:
-            context.load_verify_locations(cafile=str(settings.client_ca_file))
+            with _in_memory(ca) as ca_path:
+                context.load_verify_locations(cafile=ca_path)
         except ssl.SSLError as exc:
             raise ConfigError(
                 f"tls: client_ca_file {settings.client_ca_file} holds no PEM certificate "
@@ -59,10 +71,20 @@ def read_certificates(settings: TLSSettings) -> CertificateFiles:
 
 
 def _read(path: Path, key: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"tls: {key} {path}: cannot read: {exc.strerror}") from None
+    """A regular file of at most MAX_PEM_BYTES: a FIFO would hang the reload (SIGHUP)."""
+    label = f"tls: {key} {path}"
+    expected = f"a PEM file of at most {MAX_PEM_BYTES >> 20} MiB"
+    return read_regular_file(path, MAX_PEM_BYTES, ConfigError, expected, label)
+
+
+@contextlib.contextmanager
+def _in_memory(data: bytes) -> Iterator[str]:
+    """A path that reads `data` from memory (a memfd), for `ssl`, which reads only paths:
+    no copy of a private key is written to disk."""
+    with open(os.memfd_create("tensord-tls", os.MFD_CLOEXEC), "wb") as f:
+        f.write(data)
+        f.flush()
+        yield f"/proc/self/fd/{f.fileno()}"
 
 
 def _configuration(files: CertificateFiles) -> grpc.ServerCertificateConfiguration:
