@@ -121,12 +121,13 @@ async def pipeline_rate(lanes: int, nbytes: int, iters: int, batches: int) -> fl
     x = np.random.default_rng(1).normal(size=nbytes // 4).astype(np.float32).reshape(1, -1)
     # Warm-up with every lane busy at once: each lane's pinned and device buffers are
     # allocated now, never inside the timed window.
-    await asyncio.gather(*(executor.run([{"x": x}], ["y"]) for _ in range(2 * lanes)))
-    start = time.perf_counter()
-    await asyncio.gather(*(executor.run([{"x": x}], ["y"]) for _ in range(batches)))
-    rate = batches / (time.perf_counter() - start)
-    executor.close()
-    return rate
+    try:
+        await asyncio.gather(*(executor.run([{"x": x}], ["y"]) for _ in range(2 * lanes)))
+        start = time.perf_counter()
+        await asyncio.gather(*(executor.run([{"x": x}], ["y"]) for _ in range(batches)))
+        return batches / (time.perf_counter() - start)
+    finally:
+        executor.close()
 
 
 def main() -> None:

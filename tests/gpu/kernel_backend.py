@@ -143,12 +143,21 @@ class KernelBackend:
             raise TypeError(f"x must be float32, got ONNX type {x.onnx_type}")
         count = int(np.prod(x.shape, dtype=np.int64))
         buffer = self.pool.acquire(count * 4)
-        ready = self._event() if self.record else None
-        launch(self.function, x.ptr, buffer.ptr, count, self.spin, self.stream)
-        if ready is not None:
-            with self._lock:
-                self.spans.append(KernelSpan(self.stream, ready, self._event()))
-        return [DeviceOutput(buffer, x.shape, self.pool)][: len(output_names)]
+        ready = None
+        try:
+            ready = self._event() if self.record else None
+            launch(self.function, x.ptr, buffer.ptr, count, self.spin, self.stream)
+            if ready is not None:
+                with self._lock:
+                    self.spans.append(KernelSpan(self.stream, ready, self._event()))
+        except BaseException:
+            if ready is not None:
+                cudart.cudaEventDestroy(ready)
+            # The stream may still use the buffer: the executor syncs before releasing.
+            check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+            self.pool.release(buffer)
+            raise
+        return [DeviceOutput(buffer, x.shape, self.pool)]
 
     def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[Any]:
         """Host arrays in and out, for callers without the executor (the warm-up)."""

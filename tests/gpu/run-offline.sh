@@ -16,7 +16,8 @@
 #    test failed or was skipped; speed targets are reported, not enforced.
 #
 # Environment: PYTHON (python3), TENSORD_GPU_WHEELS, TENSORD_GPU_SITE
-# (/tmp/tensord-gpu-site), TENSORD_ORT_GPU_SITE (/var/tmp/tensord-ort-gpu/site).
+# (/tmp/tensord-gpu-site), TENSORD_ORT_GPU_SITE (/var/tmp/tensord-ort-gpu/site),
+# TENSORD_GPU_RUN_SECONDS (570: no step starts or runs past it; the summary always runs).
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -26,22 +27,31 @@ mkdir -p "$RESULTS" || exit 2
 RESULTS=$(cd "$RESULTS" && pwd)
 rm -f "$RESULTS"/{steps.tsv,device.json,gpu-tests.xml,kernels.json,gpu.json,summary.json,run.log}
 exec > >(tee -a "$RESULTS/run.log") 2>&1
+TEE=$!
 
 PY=${PYTHON:-python3}
 WHEELS=${TENSORD_GPU_WHEELS:-build/gpu-wheels}
 SITE=${TENSORD_GPU_SITE:-/tmp/tensord-gpu-site}
 ORT_SITE=${TENSORD_ORT_GPU_SITE:-/var/tmp/tensord-ort-gpu/site}
 STARTED=$(date +%s)
+DEADLINE=$((STARTED + ${TENSORD_GPU_RUN_SECONDS:-570}))  # the summary must still run
 
 # step NAME TIMEOUT_S NOTE COMMAND...: run it, record "name rc seconds note" in steps.tsv.
+# No step runs past DEADLINE: one that would start with under 10 s left is not run.
 step() {
-    local name=$1 limit=$2 note=$3 start rc ms
+    local name=$1 limit=$2 note=$3 start rc ms left
     shift 3
+    left=$((DEADLINE - $(date +%s) - 5))
+    if [ "$left" -lt 10 ]; then
+        printf '%s\t125\t0\tnot run: the run'"'"'s time was spent\n' "$name" >>"$RESULTS/steps.tsv"
+        return 125
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     echo "--- $name ($(($(date +%s) - STARTED)) s into the run)"
     start=$(date +%s%N)
-    timeout --kill-after=10 "$limit" "$@"
+    timeout --kill-after=5 "$limit" "$@"
     rc=$?
-    [ "$rc" = 124 ] && note="${note:+$note; }stopped after ${limit} s"
+    case $rc in 124 | 137) note="${note:+$note; }stopped after ${limit} s" ;; esac
     ms=$((($(date +%s%N) - start) / 1000000))
     printf '%s\t%s\t%d.%03d\t%s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) "$note" \
         >>"$RESULTS/steps.tsv"
@@ -50,7 +60,10 @@ step() {
 
 finish() {
     "$PY" tests/gpu/summary.py "$RESULTS"
-    exit "${1:-$?}"
+    local rc=${1:-$?}
+    exec >&- 2>&-  # let tee write the last lines before the run ends
+    wait "$TEE" 2>/dev/null
+    exit "$rc"
 }
 
 # 1. A GPU, or a loud stop.
@@ -72,9 +85,16 @@ nvidia-smi -L
 step python 30 "" "$PY" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' ||
     { echo "run-offline: $PY is older than Python 3.11" >&2; finish 2; }
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
-    step wheels 180 "$(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS" \
-        "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile \
-        --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl ||
+    if "$PY" -m pip --version >/dev/null 2>&1; then
+        INSTALL=("$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps
+            --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl)
+    else  # an environment without pip: a wheel is a zip of what goes on the path
+        INSTALL=("$PY" -c 'import sys, zipfile
+for wheel in sys.argv[2:]:
+    zipfile.ZipFile(wheel).extractall(sys.argv[1])' "$SITE" "$WHEELS"/*.whl)
+    fi
+    rm -rf "$SITE"
+    step wheels 180 "$(ls "$WHEELS"/*.whl | wc -l) wheels from $WHEELS" "${INSTALL[@]}" ||
         { echo "run-offline: the wheels in $WHEELS did not install" >&2; finish 2; }
     PATHS="$SITE:"
 else
@@ -86,7 +106,7 @@ if [ -d "$ORT_SITE/onnxruntime" ]; then
     PATHS="$ORT_SITE:$PATHS"
     echo "onnxruntime-gpu from $ORT_SITE"
 fi
-export PYTHONPATH="$PATHS$REPO/daemon:$REPO/clients/python:$REPO"
+export PYTHONPATH="$PATHS$REPO/daemon:$REPO/clients/python:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 step imports 60 "" "$PY" -c '
 import importlib, sys
@@ -102,6 +122,8 @@ for name in ("grpc", "grpc_health.v1.health", "grpc_reflection.v1alpha.reflectio
         missing.append(f"{name}: {exc}")
 if missing:
     sys.exit("cannot import:\n  " + "\n  ".join(missing))
+import grpc, google.protobuf
+print(f"grpcio {grpc.__version__} ({grpc.__file__}), protobuf {google.protobuf.__version__}")
 ' || { echo "run-offline: packages are missing (make gpu-wheels, and carry build/gpu-wheels)" >&2; finish 2; }
 
 # 3. The facts; the CUDA probe must see the device nvidia-smi lists.

@@ -51,11 +51,13 @@ def test_lanes_join_copy_and_reuse_their_buffers() -> None:
             joined = np.concatenate([p["x"] for p in parts])
             assert out.shape == joined.shape and out.tobytes() == expected(joined).tobytes()
         before = executor.stats().pools
-        outs = run_batches(executor, batches)  # the same sizes again: every buffer reused
+        outs = run_batches(executor, batches)  # the same sizes again: buffers reused
         after = executor.stats().pools
         assert outs[0].tobytes() == expected(np.concatenate([p["x"] for p in batches[0]])).tobytes()
-        for name in ("pinned", "device"):
-            assert after[name].allocations == before[name].allocations, name
+        # Never more buffers than two lanes hold at once: a pinned input and output each,
+        # a device input each (the backend's outputs come from its own pool).
+        for name, most in (("pinned", 4), ("device", 2)):
+            assert after[name].allocations <= most, (name, after[name])
             assert after[name].reuses > before[name].reuses, name
             assert after[name].in_use_bytes == 0, name
         assert all(b.pool.stats().in_use_bytes == 0 for b in backends)  # outputs released
@@ -78,6 +80,8 @@ def spin_for(ms: float, count: int) -> int:
     events = [check(cudart.cudaEventCreate(), "cudaEventCreate") for _ in range(2)]
     spin = 256
     try:
+        launch(function, int(buffer), int(buffer), count, 1 << 16, int(stream))  # clocks up
+        check(cudart.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
         while True:
             check(cudart.cudaEventRecord(events[0], stream), "cudaEventRecord")
             launch(function, int(buffer), int(buffer), count, spin, int(stream))
@@ -106,7 +110,7 @@ def test_copies_overlap_compute_only_across_lanes(lanes: int) -> None:
     from tests.gpu.kernel_backend import KernelBackend, elapsed_ms, expected
 
     count = 4 * MIB // 4  # 4 MiB per batch: copies of well under a millisecond
-    spin = spin_for(30.0, count)
+    spin = spin_for(50.0, count)
     backends: list[KernelBackend] = []
 
     def make(stream: int) -> KernelBackend:
@@ -129,7 +133,7 @@ def test_copies_overlap_compute_only_across_lanes(lanes: int) -> None:
         ready = [elapsed_ms(origin, s.ready) for s in spans]
         done = [elapsed_ms(origin, s.done) for s in spans]
         kernel_ms = min(d - r for r, d in zip(ready, done, strict=True))
-        assert kernel_ms >= 20.0, f"the kernel took {kernel_ms:.1f} ms, too short to tell"
+        assert kernel_ms >= 25.0, f"the kernel took {kernel_ms:.1f} ms, too short to tell"
         overlap = min(done) - max(ready)
         if lanes == 2:
             assert len({s.stream for s in spans}) == 2
