@@ -13,9 +13,22 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+import grpc
 import numpy as np
 
 from tensord.v1 import inference_pb2 as pb
+
+CALLER_MISTAKES = frozenset(
+    {
+        grpc.StatusCode.OK,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+"""What a request of the caller's making may get (the error table); UNKNOWN, INTERNAL and
+UNIMPLEMENTED would be the daemon's fault."""
 
 PREDICT = "/tensord.v1.InferenceService/Predict"
 GENERATE = "/tensord.v1.InferenceService/Generate"

@@ -27,7 +27,7 @@ import pytest
 from tensord_client import Client
 from tests.conftest import wait_generator_idle
 from tests.e2e.conftest import Daemon, start_daemon
-from tests.fuzzing import GENERATE, grpc_frame, mutate, random_frames, seeds
+from tests.fuzzing import CALLER_MISTAKES, GENERATE, grpc_frame, mutate, random_frames, seeds
 from tests.raw_h2 import RawConnection
 
 pytestmark = pytest.mark.e2e
@@ -37,15 +37,7 @@ SEED = int(os.environ.get("TENSORD_FUZZ_SEED", "20261125"))
 PROBE = Path(__file__).resolve().parents[1] / "health_probe.py"
 HEALTH_WITHIN_MS = 100.0
 Code = grpc.StatusCode
-ALLOWED = {
-    Code.OK,
-    Code.INVALID_ARGUMENT,
-    Code.NOT_FOUND,
-    Code.FAILED_PRECONDITION,
-    Code.RESOURCE_EXHAUSTED,
-    Code.DEADLINE_EXCEEDED,
-    Code.OUT_OF_RANGE,
-}
+ALLOWED = CALLER_MISTAKES | {Code.DEADLINE_EXCEEDED, Code.OUT_OF_RANGE}
 """What a mutated message may get: the error table's answers to a caller's mistakes."""
 
 

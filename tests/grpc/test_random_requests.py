@@ -22,27 +22,13 @@ from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client import Client
 from tests.conftest import ServerThread, start_server, wait_generator_idle
+from tests.fuzzing import CALLER_MISTAKES
 from tests.models import SMALL_GENERATOR_TOML
 
 Code = grpc.StatusCode
-# What a request of the caller's making may get (DESIGN.md's error table); UNKNOWN,
-# INTERNAL and UNIMPLEMENTED would be the daemon's fault.
-PREDICT_CODES = {
-    Code.OK,
-    Code.INVALID_ARGUMENT,
-    Code.NOT_FOUND,
-    Code.FAILED_PRECONDITION,
-    Code.RESOURCE_EXHAUSTED,
-    Code.UNAVAILABLE,  # the repository's broken model
-    Code.DEADLINE_EXCEEDED,
-}
-GENERATE_CODES = {
-    Code.OK,
-    Code.INVALID_ARGUMENT,
-    Code.NOT_FOUND,
-    Code.FAILED_PRECONDITION,
-    Code.RESOURCE_EXHAUSTED,
-}
+PREDICT_CODES = CALLER_MISTAKES | {Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED}
+"""UNAVAILABLE: the repository's broken model."""
+GENERATE_CODES = CALLER_MISTAKES
 JUNK_NAMES = ["", "nope", "ü∂", "x" * 300, "../mlp", "mlp ", "\x00", "input\n"]
 DIMS = [-7, -1, 0, 1, 2, 3, 10, 512, 2**31, 2**62]
 

@@ -113,13 +113,19 @@ def test_mutual_tls_requires_a_client_certificate_from_the_ca(
         srv.stop()
 
 
+def serve_with_copied_pair(repo: Path, pki: PKI, folder: Path) -> tuple[ServerThread, Path, Path]:
+    """A TLS server over `repo` whose certificate and key are copies in `folder` (so that a
+    test may change them); the server and the two paths."""
+    cert, key = folder / "server.crt", folder / "server.key"
+    cert.write_bytes(pki.server.cert_pem)
+    key.write_bytes(pki.server.key_pem)
+    return serve(repo, tls__cert_file=cert, tls__key_file=key), cert, key
+
+
 def test_reload_serves_new_certificates_to_new_connections(
     small_repo: Path, pki: PKI, tmp_path: Path
 ) -> None:
-    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
-    cert.write_bytes(pki.server.cert_pem)
-    key.write_bytes(pki.server.key_pem)
-    srv = serve(small_repo, tls__cert_file=cert, tls__key_file=key)
+    srv, cert, key = serve_with_copied_pair(small_repo, pki, tmp_path)
     try:
         assert srv.server is not None
         security = srv.server.security
@@ -167,10 +173,7 @@ def test_a_fifo_or_an_oversized_certificate_file_is_refused_at_reload(
     would hold the reload until somebody wrote to it. The pair in force stays."""
     from tensord.server.tls import MAX_PEM_BYTES
 
-    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
-    cert.write_bytes(pki.server.cert_pem)
-    key.write_bytes(pki.server.key_pem)
-    srv = serve(small_repo, tls__cert_file=cert, tls__key_file=key)
+    srv, _cert, key = serve_with_copied_pair(small_repo, pki, tmp_path)
     try:
         assert srv.server is not None
         key.unlink()
