@@ -8,19 +8,22 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+PIP_PROGRESS := $(PY) -m pip --disable-pip-version-check --progress-bar on
 DEMO_REPO ?= build/demo-models
 ARGS ?=
 SOAK_ARGS ?=
 FUZZ_SECONDS ?= 600
 
-.PHONY: setup setup-gpu proto demo serve test test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-parts lint npm-deps systemd-tools clean help
+.PHONY: setup setup-gpu proto dist docs demo serve test test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-parts lint npm-deps systemd-tools clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
 	@echo "make test       set up and run the tests"
-	@echo "make setup      virtualenv with the CPU dependency set (onnxruntime)"
-	@echo "make setup-gpu  virtualenv with the GPU dependency set (onnxruntime-gpu)"
+	@echo "make setup      virtualenv with what serving on the CPU needs (onnxruntime)"
+	@echo "make setup-gpu  virtualenv with what serving on a GPU needs (onnxruntime-gpu, CUDA bindings)"
+	@echo "make docs       regenerate docs/configuration.md from the settings"
 	@echo "make proto      regenerate the Python stubs from protos/"
+	@echo "make dist       wheels and sdists of tensord-client and tensord in dist/"
 	@echo "make bench      run the Predict (batching off, then on) and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
 	@echo "make bench-fuzz fuzz the daemon for FUZZ_SECONDS (600; make test fuzzes 30 s)"
@@ -32,20 +35,28 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.setup-cpu: pyproject.toml | $(PY)
+# What serving needs, with pip's progress shown; the dev tools come with `make test`.
+$(VENV)/.setup-cpu: pyproject.toml clients/python/pyproject.toml | $(PY)
+	@echo "tensord: installing what serving on the CPU needs into $(VENV) (ONNX Runtime, gRPC, NumPy, ...)"
 	$(PY) -m pip uninstall -y -q onnxruntime-gpu 2>/dev/null || true
-	$(PIP) install -e ".[cpu,dev]"
+	$(PIP_PROGRESS) install -e clients/python -e ".[cpu]"
 	rm -f $(VENV)/.setup-gpu
 	touch $@
 
-$(VENV)/.setup-gpu: pyproject.toml | $(PY)
+$(VENV)/.setup-gpu: pyproject.toml clients/python/pyproject.toml | $(PY)
+	@echo "tensord: installing what serving on a GPU needs into $(VENV) (onnxruntime-gpu, CUDA bindings, NVRTC, ...)"
 	$(PY) -m pip uninstall -y -q onnxruntime 2>/dev/null || true
-	$(PIP) install -e ".[gpu,dev]"
+	$(PIP_PROGRESS) install -e clients/python -e ".[gpu]"
 	rm -f $(VENV)/.setup-cpu
 	touch $@
 
 # Keep whichever set is installed; a fresh environment gets the CPU set.
 SETUP_STAMP := $(if $(wildcard $(VENV)/.setup-gpu),$(VENV)/.setup-gpu,$(VENV)/.setup-cpu)
+
+# The test and lint tools (pytest, ruff, mypy, grpcio-tools, NVRTC for the kernel tests).
+$(VENV)/.setup-dev: pyproject.toml $(SETUP_STAMP)
+	$(PIP) install -e ".[dev]"
+	touch $@
 
 # The tests also export Hugging Face models (the export extra: torch CPU, transformers,
 # optimum-onnx); serving does not need them.
@@ -56,9 +67,19 @@ $(VENV)/.setup-export: pyproject.toml $(SETUP_STAMP)
 setup: $(VENV)/.setup-cpu
 setup-gpu: $(VENV)/.setup-gpu
 
-proto: $(SETUP_STAMP)
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=daemon --pyi_out=daemon \
-		--grpc_python_out=daemon protos/tensord/v1/inference.proto
+docs: $(SETUP_STAMP)
+	$(PY) tools/config_reference.py
+
+proto: $(VENV)/.setup-dev
+	$(PY) clients/python/generate_stubs.py
+
+# Wheels and sdists of both distributions: tensord-client (clients/python: the library, the
+# generated stubs, tensorctl) and tensord, which depends on it. `build` makes each wheel
+# from its sdist, so a file missing from an sdist fails here, not on a user's host.
+dist: $(VENV)/.setup-dev
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist clients/python
+	$(PY) -m build --no-isolation --outdir dist .
 
 # `npm install` rather than `npm ci`: buf's lock file lists its per-platform binaries as
 # optional packages, and npm 11 leaves the other platforms' entries out, which `npm ci`
@@ -104,10 +125,10 @@ test-packages:
 		{ apt-get update -q && $(APT_INSTALL) $$missing; } || echo "could not install$$missing"; \
 	fi
 
-test: $(SETUP_STAMP) $(VENV)/.setup-export npm-deps systemd-tools test-packages
+test: $(VENV)/.setup-dev $(VENV)/.setup-export npm-deps systemd-tools test-packages
 	$(PY) -m pytest $(ARGS)
 
-bench: $(SETUP_STAMP) $(VENV)/.setup-export demo
+bench: $(VENV)/.setup-dev $(VENV)/.setup-export demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)
 	$(PY) benchmarks/predict_bench.py --batching $(ARGS)
 	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
@@ -116,7 +137,7 @@ bench: $(SETUP_STAMP) $(VENV)/.setup-export demo
 	TENSORD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -p no:cacheprovider tests/e2e/test_fuzz.py
 
 # The fuzz tier alone, longer than make test's 30 s (FUZZ_SECONDS, TENSORD_FUZZ_SEED).
-bench-fuzz: $(SETUP_STAMP)
+bench-fuzz: $(VENV)/.setup-dev
 	TENSORD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -p no:cacheprovider tests/e2e/test_fuzz.py
 
 bench-soak: $(SETUP_STAMP) demo
@@ -150,8 +171,8 @@ gpu-ort-parts: | $(PY)
 	tests/gpu/ort-gpu-parts.sh build/ort-gpu-wheel/onnxruntime_gpu-*.whl $(ORT_PARTS) $(ORT_PART_SIZE)
 	rm -rf build/ort-gpu-wheel
 
-lint: $(SETUP_STAMP)
-	$(VENV)/bin/ruff check daemon clients/python tests benchmarks
+lint: $(VENV)/.setup-dev
+	$(VENV)/bin/ruff check daemon clients/python tests benchmarks tools
 	$(VENV)/bin/mypy
 
 clean:

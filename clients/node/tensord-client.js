@@ -1,11 +1,14 @@
 #!/usr/bin/env node
 // A small tensord client: the stubs come from protos/tensord/v1/inference.proto at run
-// time (no code generation), and a tiny CLI drives Health, Info and Predict.
+// time (no code generation), and a tiny CLI drives Health, Info, Predict and Generate.
 //
-//   node tensord-client.js --target HOST:PORT health [MODEL]
-//   node tensord-client.js --target HOST:PORT info
-//   node tensord-client.js --target HOST:PORT predict MODEL --input NAME=SPEC... [--typed]
+//   node tensord-client.js [--target HOST:PORT] health [MODEL]
+//   node tensord-client.js [--target HOST:PORT] info
+//   node tensord-client.js [--target HOST:PORT] predict MODEL --input NAME=SPEC... [--typed]
+//   node tensord-client.js [--target HOST:PORT] generate MODEL [PROMPT] [--token-ids 1,2]...
 //
+// The target defaults to $TENSORD_TARGET, else 127.0.0.1:50051. As a library,
+// generate(client, model, options) streams token chunks as an async iterator.
 // See README.md for the input syntax. Exit status: 0 success, 1 a gRPC error (printed as
 // "ERROR <STATUS_NAME>: <details>" on stderr), 2 a usage error.
 'use strict';
@@ -20,8 +23,11 @@ const protoLoader = require('@grpc/proto-loader');
 const PROTO_PATH = path.resolve(__dirname, '../../protos/tensord/v1/inference.proto');
 const REQUEST_ID = 'x-request-id';
 const DEFAULT_TIMEOUT_S = 30;
+const TARGET_ENV = 'TENSORD_TARGET';
+const DEFAULT_TARGET = '127.0.0.1:50051';
 
-const USAGE = `usage: tensord-client.js --target HOST:PORT [--request-id ID] [--timeout S] COMMAND
+const USAGE = `usage: tensord-client.js [--target HOST:PORT] [--request-id ID] [--timeout S] COMMAND
+--target defaults to $${TARGET_ENV}, else ${DEFAULT_TARGET}
 commands:
   health [MODEL]                      the server's (or one model's) health
   info                                the server, its devices and its models
@@ -33,7 +39,11 @@ commands:
     values must fit the dtype: integers in its range, numbers for floats, true/false for bool;
     int64 values are exact past 2^53 and may also be given as strings ("9007199254740993")
     --typed                           send and receive typed contents instead of raw_data
-    --version N                       the model version (default: the newest ready one)`;
+    --version N                       the model version (default: the newest ready one)
+  generate MODEL [PROMPT]             stream tokens from a generator model, one JSON line a chunk
+    --token-ids 1,15,27               the prompt as token ids instead of text
+    --max-tokens N --temperature T --top-k K --top-p P --repetition-penalty R --seed S
+    --stop TEXT (repeat) --ignore-eos --logprobs N --version N`;
 
 // The integer dtypes' ranges, inclusive, as BigInt so int64's bounds are exact.
 const INT_RANGES = {
@@ -391,15 +401,21 @@ function bfloat16ToNumber(bits) {
 // ---------------------------------------------------------------------------------------
 // gRPC plumbing.
 
-function loadService() {
-  const definition = protoLoader.loadSync(PROTO_PATH, {
+let definition;
+
+function loadDefinition() {
+  definition ??= protoLoader.loadSync(PROTO_PATH, {
     keepCase: true,
     longs: String, // int64 fields arrive as decimal strings: nothing past 2^53 is rounded
     enums: String,
     defaults: true,
     oneofs: true, // adds tensor.data: 'raw_data' | 'contents', naming the set member
   });
-  return grpc.loadPackageDefinition(definition).tensord.v1.InferenceService;
+  return definition;
+}
+
+function loadService() {
+  return grpc.loadPackageDefinition(loadDefinition()).tensord.v1.InferenceService;
 }
 
 // One unary call -> { response, trailers }. The callback runs before the 'status' event,
@@ -477,7 +493,153 @@ function call(client, method, request, options) {
   return unaryCall(client, method, request, metadata, options.timeout);
 }
 
-const COMMANDS = { health, info, predict };
+// ---------------------------------------------------------------------------------------
+// Generate: a server stream of token chunks, as the Python client's generate() gives them.
+
+// The SamplingParams fields, read from the .proto: a misspelt one is an error, not ignored.
+let samplingFields;
+
+function generateRequest(model, prompt, tokenIds, version, sampling) {
+  samplingFields ??= new Set(
+    loadDefinition()['tensord.v1.SamplingParams'].type.field.map((field) => field.name),
+  );
+  const unknown = Object.keys(sampling).filter((key) => !samplingFields.has(key));
+  if (unknown.length > 0) {
+    const known = [...samplingFields].join(', ');
+    throw new UsageError(`unknown sampling field(s) ${unknown.join(', ')}; expected ${known}`);
+  }
+  const fields = Object.fromEntries(Object.entries(sampling).filter(([, v]) => v !== undefined));
+  if (typeof fields.stop === 'string') {
+    fields.stop = [fields.stop]; // one stop sequence
+  }
+  if (typeof fields.stop_token_ids === 'number') {
+    fields.stop_token_ids = [fields.stop_token_ids];
+  }
+  return {
+    model,
+    version: String(version),
+    prompt: prompt ?? '',
+    prompt_token_ids: tokenIds === undefined ? [] : Array.from(tokenIds, Number),
+    sampling: fields,
+  };
+}
+
+// A GenerateResponse as plain values, named as the Python client names them: finish_reason
+// is 'STOP' or 'LENGTH' on the last chunk (null before it), usage likewise.
+function toChunk(message) {
+  const reason = message.finish_reason.replace(/^FINISH_REASON_/, '');
+  return {
+    index: message.index,
+    token_ids: message.token_ids,
+    text: message.text,
+    logprobs: message.logprobs.map((lp) => ({
+      token_id: lp.token_id,
+      logprob: lp.logprob,
+      top: lp.top.map((t) => ({ token_id: t.token_id, logprob: t.logprob })),
+    })),
+    finish_reason: reason === 'UNSPECIFIED' ? null : reason,
+    usage: message.usage,
+  };
+}
+
+// Start a Generate call and return its chunks as an async iterator:
+//
+//   for await (const chunk of generate(client, 'tinylm', { prompt: 'Once upon a time',
+//                                                          max_tokens: 32 })) { ... }
+//
+// options: prompt or token_ids, version, timeout (seconds, the deadline counts from this
+// call), request_id, and any SamplingParams field (max_tokens, temperature, top_k, top_p,
+// repetition_penalty, seed, stop, stop_token_ids, ignore_eos, logprobs). Bad options throw
+// here. A failed call rejects the iteration with the gRPC error ({ code, details,
+// metadata }); chunks already received stay valid. Leaving the loop early (break, return,
+// throw) cancels the call, and the server frees the sequence.
+function generate(client, model, options = {}) {
+  const {
+    prompt,
+    token_ids: tokenIds,
+    version = 0,
+    timeout = DEFAULT_TIMEOUT_S,
+    request_id: requestId,
+    ...sampling
+  } = options;
+  const request = generateRequest(model, prompt, tokenIds, version, sampling);
+  const deadline = new Date(Date.now() + timeout * 1000);
+  const stream = client.Generate(request, requestMetadata(requestId), { deadline });
+  return chunks(stream);
+}
+
+async function* chunks(stream) {
+  try {
+    for await (const message of stream) {
+      yield toChunk(message);
+    }
+  } finally {
+    stream.cancel(); // a no-op once the call has ended
+  }
+}
+
+// The command: one JSON line per chunk, printed as it arrives.
+async function generateCommand(client, options, args) {
+  if (args.length < 1 || args.length > 2) {
+    throw new UsageError('generate takes MODEL and an optional PROMPT');
+  }
+  const [model, prompt] = args;
+  if ((prompt === undefined) === (options['token-ids'] === undefined)) {
+    throw new UsageError('generate needs a PROMPT or --token-ids, not both');
+  }
+  const sampling = {
+    max_tokens: integerOption(options, 'max-tokens'),
+    temperature: numberOption(options, 'temperature'),
+    top_k: integerOption(options, 'top-k'),
+    top_p: numberOption(options, 'top-p'),
+    repetition_penalty: numberOption(options, 'repetition-penalty'),
+    seed: integerOption(options, 'seed'),
+    stop: options.stop.length > 0 ? options.stop : undefined,
+    ignore_eos: options['ignore-eos'] || undefined,
+    logprobs: integerOption(options, 'logprobs'),
+  };
+  const stream = generate(client, model, {
+    prompt,
+    token_ids: options['token-ids'] === undefined ? undefined : tokenIdList(options['token-ids']),
+    version: options.version,
+    timeout: options.timeout,
+    request_id: options['request-id'],
+    ...sampling,
+  });
+  for await (const chunk of stream) {
+    process.stdout.write(`${JSON.stringify(chunk)}\n`);
+  }
+  return undefined; // printed as it came
+}
+
+function tokenIdList(text) {
+  if (!/^\d+(,\d+)*$/.test(text)) {
+    throw new UsageError(`--token-ids ${text}: expected comma-separated integers such as 1,15,27`);
+  }
+  return text.split(',').map(Number);
+}
+
+function numberOption(options, name) {
+  const text = options[name];
+  if (text === undefined) {
+    return undefined;
+  }
+  const value = Number(text);
+  if (text.trim() === '' || !Number.isFinite(value)) {
+    throw new UsageError(`--${name} ${text}: expected a number`);
+  }
+  return value;
+}
+
+function integerOption(options, name) {
+  const value = numberOption(options, name);
+  if (value !== undefined && !Number.isSafeInteger(value)) {
+    throw new UsageError(`--${name} ${options[name]}: expected an integer`);
+  }
+  return value;
+}
+
+const COMMANDS = { health, info, predict, generate: generateCommand };
 
 // ---------------------------------------------------------------------------------------
 // The command line.
@@ -493,6 +655,16 @@ function parseCommandLine(argv) {
       input: { type: 'string', multiple: true, default: [] },
       typed: { type: 'boolean', default: false },
       version: { type: 'string', default: '0' },
+      'token-ids': { type: 'string' },
+      'max-tokens': { type: 'string' },
+      temperature: { type: 'string' },
+      'top-k': { type: 'string' },
+      'top-p': { type: 'string' },
+      'repetition-penalty': { type: 'string' },
+      seed: { type: 'string' },
+      stop: { type: 'string', multiple: true, default: [] },
+      'ignore-eos': { type: 'boolean', default: false },
+      logprobs: { type: 'string' },
       help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -500,9 +672,7 @@ function parseCommandLine(argv) {
   if (values.help) {
     return { help: true };
   }
-  if (!values.target) {
-    throw new UsageError('--target HOST:PORT is required');
-  }
+  const target = values.target || process.env[TARGET_ENV] || DEFAULT_TARGET;
   if (!(command in COMMANDS)) {
     throw new UsageError(command ? `unknown command ${JSON.stringify(command)}` : 'no command');
   }
@@ -513,7 +683,7 @@ function parseCommandLine(argv) {
   if (!/^\d+$/.test(values.version)) {
     throw new UsageError(`--version ${values.version}: expected a non-negative integer`);
   }
-  return { command, args, options: { ...values, timeout } };
+  return { command, args, options: { ...values, target, timeout } };
 }
 
 // JSON cannot carry BigInt, NaN, the infinities or -0; they are printed as strings
@@ -548,7 +718,9 @@ async function main(argv) {
   const client = new InferenceService(parsed.options.target, grpc.credentials.createInsecure());
   try {
     const result = await COMMANDS[parsed.command](client, parsed.options, parsed.args);
-    process.stdout.write(`${JSON.stringify(result, jsonValue)}\n`);
+    if (result !== undefined) {
+      process.stdout.write(`${JSON.stringify(result, jsonValue)}\n`);
+    }
     return 0;
   } catch (err) {
     if (err instanceof UsageError) {
@@ -580,6 +752,7 @@ module.exports = {
   mulberry32,
   randomFloat32,
   loadService,
+  generate,
   encodeTensor,
   decodeTensor,
   parseInput,

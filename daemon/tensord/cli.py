@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,26 +64,63 @@ def cmd_serve(args: argparse.Namespace) -> int:
 async def _serve(server_cls: Any, config: Any, config_loader: Any = None) -> int:
     # The grpc.aio server binds to the loop it is created in: create it inside the loop.
     # On SIGHUP the server calls config_loader to read the file, variables and flags again.
-    return int(await server_cls(config, config_loader=config_loader).serve_until_signal())
+    server = server_cls(config, config_loader=config_loader)
+    hint = None
+    if _on_a_terminal(config.server.log_format):
+        hint = asyncio.ensure_future(_say_how_to_call(server))
+    try:
+        return int(await server.serve_until_signal())
+    finally:
+        if hint is not None:
+            hint.cancel()
+
+
+def _on_a_terminal(log_format: str) -> bool:
+    return log_format == "console" or (log_format == "auto" and sys.stdout.isatty())
+
+
+async def _say_how_to_call(server: Any) -> None:
+    """Once started, on a terminal: where the commands are and one to call the daemon."""
+    await server.wait_started()
+    target = f"127.0.0.1:{server.port}"
+    listen = server.config.server.listen
+    if listen.rsplit(":", 1)[0] not in ("0.0.0.0", "[::]", "127.0.0.1", "localhost"):
+        target = f"{listen.rsplit(':', 1)[0]}:{server.port}"
+    bin_dir = Path(sys.executable).parent
+    tensorctl = bin_dir / "tensorctl"
+    lines = [f"tensord is listening on {target}. In another shell:"]
+    if (bin_dir / "activate").exists():
+        try:
+            activate = os.path.relpath(bin_dir / "activate")
+        except ValueError:
+            activate = str(bin_dir / "activate")
+        lines.append(f"    source {activate}      # tensord and tensorctl on the PATH")
+        command = "tensorctl"
+    else:
+        command = str(tensorctl) if tensorctl.exists() else "tensorctl"
+    default = target == "127.0.0.1:50051"
+    lines.append(f"    {command}{'' if default else f' --target {target}'} health")
+    print("\n".join(lines), flush=True)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """Validate the config file and every model.toml; print the effective settings."""
-    from tensord.registry.repository import scan_repository
+    """Validate the config file, the model repository (each model's graph, read with onnx:
+    no runtime session), the TLS files and the token file. The effective settings go to
+    stdout as JSON; the report (each model's versions, kind, inputs and outputs, or why it
+    cannot be served; each entry skipped) to stderr. Exit 1 when something is broken."""
+    from tensord.repository_check import check_repository, report_lines
 
     config = _config_from(args)
-    problems = [
-        f"{src.name if src.whole_model else f'{src.name} v{src.version}'}: {src.error}"
-        for src in scan_repository(config.model_repository, config.follow_model_symlinks)
-        if src.error
-    ]
+    check = check_repository(config.model_repository, config.follow_model_symlinks)
     print(json.dumps(config.model_dump(mode="json"), indent=2))
-    for line in problems:
-        print(f"model problem: {line}", file=sys.stderr)
+    sys.stdout.flush()  # the settings, then the report, on a terminal too
+    for line in report_lines(check):
+        print(line, file=sys.stderr)
     security = _security_problems(config)
     for line in security:
         print(f"security problem: {line}", file=sys.stderr)
-    return 1 if problems or security else 0
+    broken = any(model.broken for model in check.models)
+    return 1 if broken or security else 0
 
 
 def _security_problems(config: Any) -> list[str]:
@@ -199,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
     check = sub.add_parser(
         "check-config",
-        help="validate the config, the model repository, the TLS files and the token file",
+        help="validate the config, the model repository (each model's graph, inputs and "
+        "outputs), the TLS files and the token file",
     )
     _add_config_flags(check)
     check.set_defaults(func=cmd_check_config)
@@ -227,7 +267,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `tensord` command."""
+    """Entry point of the `tensord` command.
+
+    A reader that leaves early (`tensord inspect --json model.onnx | head`) ends it quietly,
+    with status 1, as the Python documentation's note on SIGPIPE does: the output is flushed
+    here so that a broken pipe shows up here, and stdout then points at /dev/null so that
+    the interpreter's own flush at exit finds nothing to write."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -14,24 +14,10 @@ from typing import Any, NoReturn, cast
 
 import numpy as np
 
-from tensord.dtypes import DType, from_numpy
+from tensord.dtypes import CONTENTS_FIELD, DType, from_numpy
 from tensord.errors import InvalidArgumentError
 from tensord.v1 import inference_pb2 as pb
 
-# Which TensorContents field carries each dtype.
-CONTENTS_FIELD: dict[DType, str] = {
-    DType.BOOL: "bool_values",
-    DType.UINT8: "int_values",
-    DType.INT8: "int_values",
-    DType.INT16: "int_values",
-    DType.INT32: "int_values",
-    DType.INT64: "int64_values",
-    DType.FLOAT16: "float_values",
-    DType.BFLOAT16: "float_values",
-    DType.FLOAT32: "float_values",
-    DType.FLOAT64: "double_values",
-    DType.STRING: "bytes_values",
-}
 _CONTENTS_FIELDS = tuple(sorted(set(CONTENTS_FIELD.values())))
 _DTYPE_NAMES = ", ".join(pb.DataType.Name(int(d)) for d in DType)
 _U32 = struct.Struct("<I")

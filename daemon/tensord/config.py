@@ -33,6 +33,9 @@ MAX_TRANSPORT_SECONDS = 7 * 24 * 3600.0
 """Upper bound of the keepalive and connection-age durations (a week): gRPC takes them
 as 32-bit milliseconds (at most about 24 days)."""
 
+ReadyWhen = Literal["any_model", "all_models", "always"]
+"""The readiness policies of `[server] ready_when` (tensord.registry.readiness applies them)."""
+
 
 class ServerSettings(Settings):
     """The `[server]` table."""
@@ -86,6 +89,14 @@ class ServerSettings(Settings):
     max_connection_age_grace_seconds: float = Field(default=0.0, ge=0, le=MAX_TRANSPORT_SECONDS)
     """After max_connection_age, how long calls in progress may still run before the
     connection is closed; 0: as long as they need."""
+    ready_when: ReadyWhen = "any_model"
+    """When health (`grpc.health.v1` and InferenceService/Health) says SERVING once the models
+    have loaded. `any_model`: while at least one model has a READY version and so does every
+    model whose model.toml says `required = true`; `all_models`: while every model has one
+    (a model a reload adds counts from the start of its load); `always`: whatever the
+    models' states (`required` is not consulted). Otherwise NOT_SERVING, so that load
+    balancers send nothing to a daemon with nothing to serve; it follows loads, failures and
+    reloads. Calls are answered either way."""
 
     @field_validator("listen")
     @classmethod
@@ -255,11 +266,20 @@ def _origin(loc: tuple[int | str, ...], origins: Mapping[str, str], source: str)
 
 
 def _describe(err: Any) -> str:
-    """The message, then the value given unless the message already shows it."""
+    """The message in tensord's words, then the value given unless the message shows it."""
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        return "unknown key (check the spelling; see the README's configuration reference)"
+        return "unknown key (check the spelling; docs/configuration.md lists every key)"
+    if kind == "missing":
+        return "missing: this key is required"
+    if kind in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
+        msg = str(err["ctx"]["error"])  # our own message, without pydantic's prefix
+    elif msg.startswith("Input should be "):
+        wanted = msg.removeprefix("Input should be ")
+        if wanted.startswith(("greater", "less")):
+            wanted = f"a value {wanted}"
+        msg = f"expected {wanted}"
     given = err.get("input")
-    if kind == "missing" or isinstance(given, dict) or f"got {given!r}" in msg:
+    if isinstance(given, dict) or ", got " in msg:  # our messages say what they were given
         return msg
     return f"{msg} (got {given!r})"

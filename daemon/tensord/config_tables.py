@@ -44,7 +44,10 @@ def _boolean_for_number(cls: type[BaseModel], name: str, value: Any) -> str | No
 
 class Settings(BaseModel):
     """The base of every settings table. A boolean is refused where a number is expected
-    (pydantic alone would take `true` as 1)."""
+    (pydantic alone would take `true` as 1). Each field's docstring is its description
+    (docs/configuration.md is generated from them)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -58,6 +61,8 @@ class Settings(BaseModel):
 class TaggedSettings(BaseModel):
     """Settings for a member of a discriminated union (its tag may not have a field
     validator): the same check, per table, naming the key."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -124,7 +129,7 @@ class AuthSettings(Settings):
 
     token_file: Path | None = None
     """TOML file of `[[token]]` entries (name, sha256, models, optional rate limits); see
-    the README's Authentication section and `tensord hash-token`. Unset: no authentication.
+    docs/security.md and `tensord hash-token`. Unset: no authentication.
     Re-read on reload; turning authentication on or off needs a restart."""
     open_health: bool = True
     """`grpc.health.v1.Health` and `tensord.v1.InferenceService/Health` answer without a
@@ -212,7 +217,8 @@ class TracingSettings(Settings):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
-    """Export a span per RPC (model, status, request id). Needs `pip install tensord[otel]`;
+    """Export a span per RPC (model, status, request id). Needs the `otel` extra (in the
+    clone: `pip install -e ".[otel]"`);
     enabled without it, the daemon logs `tracing.unavailable` and serves on."""
     service_name: str = "tensord"
     """The `service.name` resource attribute of the spans."""

@@ -16,6 +16,7 @@ import numpy as np
 
 from tensord import __version__
 from tensord.access import check_model, may_see, redact_paths, sees_server_paths
+from tensord.config import ReadyWhen
 from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
 from tensord.errors import (
     DeviceLostError,
@@ -32,6 +33,7 @@ from tensord.generate.sampling_params import SamplingParams
 from tensord.limits import check_prompt_tokens
 from tensord.observability.metrics import GenerationMetrics
 from tensord.predict.validation import check_inputs, check_output_names
+from tensord.registry.readiness import Readiness, judge
 from tensord.registry.registry import ModelRegistry, ModelState, ModelVersion
 
 
@@ -127,7 +129,9 @@ class DataPlane:
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
         self.serving = False
-        """True once the models are loaded, False again while draining."""
+        """True once the models are loaded, False again while draining: calls are taken."""
+        self.ready_when: ReadyWhen = "any_model"
+        """[server] ready_when: when health says SERVING while calls are taken."""
         self.max_prompt_tokens = 0
         """[limits] max_prompt_tokens: longer prompts get INVALID_ARGUMENT (0: no limit)."""
         self.generation_metrics: GenerationMetrics | None = None
@@ -139,7 +143,7 @@ class DataPlane:
         """Validate against the signature, queue, run, and return the asked-for outputs."""
         self._check_serving()
         check_model(call.model)
-        entry = self.registry.get(call.model, call.version)
+        entry = self.registry.get(call.model, call.version, self._reasons())
         if entry.engine is not None:
             raise FailedPreconditionError(
                 f"model {entry.name!r} is a generator: call Generate, which streams its tokens "
@@ -198,9 +202,10 @@ class DataPlane:
 
     def _generator(self, model: str, version: int) -> tuple[ModelVersion, GenerationEngine]:
         """The version a Generate call names and its engine: PERMISSION_DENIED, NOT_FOUND,
-        UNAVAILABLE (not ready), or FAILED_PRECONDITION for a predict model."""
+        UNAVAILABLE (loading), or FAILED_PRECONDITION (failed to load, or a predict
+        model)."""
         check_model(model)
-        entry = self.registry.get(model, version)
+        entry = self.registry.get(model, version, self._reasons())
         if entry.engine is None:
             raise FailedPreconditionError(
                 f"model {entry.name!r} is a predict model (tensors in, tensors out), not a "
@@ -242,15 +247,30 @@ class DataPlane:
                 f"than the {limit} a prompt may have ({setting}); shorten it"
             )
 
+    def readiness(self) -> Readiness:
+        """Whether health says SERVING: calls are taken and the readiness policy
+        ([server] ready_when) is met by the models' states; if not, why."""
+        if not self.serving:
+            return Readiness(False, "the server is starting or draining")
+        return judge(self.ready_when, self.registry.versions())
+
     def health(self, model: str = "") -> HealthReport:
         """Serving state and every version the caller may use, or one model's versions
         (NOT_FOUND if unknown); failure reasons without server paths."""
         redact = functools.partial(redact_paths, root=self.registry.repository)
+        serving = self.readiness().ready
         if model:
             check_model(model)  # a token sees the health of the models it may use
-            return HealthReport(self.serving, self.registry.get_versions(model), redact)
+            return HealthReport(serving, self.registry.get_versions(model), redact)
         versions = [mv for mv in self.registry.versions() if may_see(mv.name)]
-        return HealthReport(self.serving, versions, redact)
+        return HealthReport(serving, versions, redact)
+
+    def _reasons(self) -> Callable[[str], str]:
+        """How a failure reason is shown to the current caller: whole to an operator
+        (authentication off, or a token allowed every model), else without server paths."""
+        if sees_server_paths():
+            return str
+        return functools.partial(redact_paths, root=self.registry.repository)
 
     def info(self) -> ServerInfo:
         """The server, its devices and providers, and every model version the caller may
@@ -271,11 +291,7 @@ class DataPlane:
             "numpy": np.__version__,
             "event_loop": running_loop_name(),
         }
-        redact = (
-            str
-            if sees_server_paths()
-            else functools.partial(redact_paths, root=self.registry.repository)
-        )
+        redact = self._reasons()
         return ServerInfo(
             __version__,
             runtime,

@@ -31,7 +31,8 @@ class InvalidArgumentError(TensordError):
 
 
 class UnavailableError(TensordError):
-    """Model loading, draining or unloaded; server draining."""
+    """Transient: a model version loading or unloading; the server starting or draining.
+    Clients retry it (elsewhere, or shortly)."""
 
     code = grpc.StatusCode.UNAVAILABLE
 
@@ -65,7 +66,8 @@ class DeadlineExceededError(TensordError):
 
 
 class FailedPreconditionError(TensordError):
-    """An RPC the model cannot do, such as Generate on a model that is not a generator."""
+    """An RPC the model cannot do (Generate on a model that is not a generator), or a model
+    version that failed to load, until a reload fixes it. Clients do not retry it."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
 

@@ -1,10 +1,13 @@
-"""Structured logs: JSON lines in production, key=value on a terminal; one event per line."""
+"""Structured logs: JSON lines in production, key=value on a terminal; one event per line
+(on a terminal, long values go on indented lines below it, so nothing runs off the screen)."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+import textwrap
+from collections.abc import MutableMapping
+from typing import Any, Literal
 
 import structlog
 
@@ -16,6 +19,45 @@ _LEVELS = {
 }
 
 
+CONSOLE_WIDTH = 100
+"""Console lines wrap at this many characters; short fields share the event's line."""
+_SHORT_FIELD = 40
+
+
+def render_console(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
+    """`time [level] event key=value ...`: short fields fill lines of CONSOLE_WIDTH (the
+    event's, then indented ones), each long field gets indented lines of its own, and an
+    exception's traceback follows."""
+    event = dict(event)
+    stamp = str(event.pop("timestamp", ""))[:19].replace("T", " ")
+    level = f"[{event.pop('level', 'info'):<7}]"
+    lines = [" ".join(p for p in (stamp, level, str(event.pop("event", "")).rstrip()) if p)]
+    trace = event.pop("exception", None)
+    event.pop("exc_info", None)
+    long = []
+    for key, value in event.items():
+        text = f"{key}={value!r}" if isinstance(value, str) and " " in value else f"{key}={value}"
+        if len(text) > _SHORT_FIELD:
+            long.append(f"{key}: {value}")
+        elif len(lines[-1]) + 1 + len(text) <= CONSOLE_WIDTH:
+            lines[-1] = f"{lines[-1]} {text}"
+        else:
+            lines.append(f"    {text}")
+    for text in long:
+        lines.extend(
+            textwrap.wrap(
+                text,
+                CONSOLE_WIDTH,
+                initial_indent="    ",
+                subsequent_indent="        ",
+                break_on_hyphens=False,
+            )
+        )
+    if trace:
+        lines.append(str(trace).rstrip())
+    return "\n".join(lines)
+
+
 def configure_logging(
     fmt: Literal["auto", "json", "console"] = "auto", level: str = "info"
 ) -> None:
@@ -24,19 +66,18 @@ def configure_logging(
     one structured event."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stdout.isatty())
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
-        if use_json
-        else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer() if use_json else render_console
     )
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    processors = list(shared)
-    if use_json:
-        processors.append(structlog.processors.format_exc_info)
-    processors.append(renderer)
+    processors: list[structlog.typing.Processor] = [
+        *shared,
+        structlog.processors.format_exc_info,
+        renderer,
+    ]
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
@@ -48,7 +89,7 @@ def configure_logging(
         structlog.stdlib.ProcessorFormatter(
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                *([structlog.processors.format_exc_info] if use_json else []),
+                structlog.processors.format_exc_info,
                 renderer,
             ],
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],

@@ -197,7 +197,7 @@ def test_bad_config_exits_with_the_field(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 2
-    assert "server.listen: Value error, expected HOST:PORT" in result.stderr
+    assert "server.listen: expected HOST:PORT" in result.stderr
 
 
 def test_inspect(demo_repo: Path) -> None:

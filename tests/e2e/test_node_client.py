@@ -4,6 +4,7 @@ against the daemon; its outputs equal in-process ONNX Runtime bit for bit."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -292,3 +293,133 @@ def test_input_names_may_hold_colons(
     assert result.returncode == 0, result.stderr
     output = json.loads(result.stdout)["outputs"][COLON_OUTPUT]
     assert (output["dtype"], output["values"]) == ("DATA_TYPE_FLOAT32", [1, 2.5, -3, 4])
+
+
+# ---------------------------------------------------------------------------------------
+# Generate: a stream of token chunks, from the command line and as an async iterator.
+
+
+@pytest.fixture(scope="module")
+def gen_daemon(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon over the demo repository (tinylm) for the Generate tests."""
+    d = start_daemon(demo_repo, tmp_path_factory.mktemp("node-generate") / "tensord.log")
+    yield d
+    if d.process.poll() is None:
+        d.process.kill()
+        d.process.wait(10)
+
+
+def python_tokens(target: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens for the same request, through the Python client."""
+    from tensord_client import Client
+
+    with Client(target, timeout=60) as client:
+        chunks = client.generate(
+            "tinylm", token_ids=prompt_ids, max_tokens=max_tokens, temperature=0, ignore_eos=True
+        )
+        return [t for chunk in chunks for t in chunk.token_ids]
+
+
+def test_generate_streams_chunks_as_json_lines(
+    node: Path, gen_daemon: Daemon, tmp_path: Path
+) -> None:
+    args = ["generate", "tinylm", "--token-ids", "5,6,7", "--max-tokens", "12",
+            "--temperature", "0", "--ignore-eos", "--request-id", "node-gen-1"]  # fmt: skip
+    result = run_client(node, gen_daemon.target, tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    chunks = [json.loads(line) for line in result.stdout.splitlines()]
+    tokens = [t for c in chunks for t in c["token_ids"]]
+    assert tokens == python_tokens(gen_daemon.target, [5, 6, 7], 12)
+    assert [c["index"] for c in chunks] == [
+        sum(len(c["token_ids"]) for c in chunks[:i]) for i in range(len(chunks))
+    ]
+    assert [c["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["LENGTH"]
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+    assert chunks[-1]["usage"]["prompt_tokens"] == 3
+
+
+def test_generate_errors_and_usage_mistakes(node: Path, gen_daemon: Daemon, tmp_path: Path) -> None:
+    result = run_client(node, gen_daemon.target, tmp_path, "generate", "mlp", "hello")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("ERROR FAILED_PRECONDITION: "), result.stderr
+    for args, message in (
+        (["generate", "tinylm"], "a PROMPT or --token-ids"),
+        (["generate", "tinylm", "--token-ids", "1,,2"], "expected comma-separated integers"),
+        (
+            ["generate", "tinylm", "hi", "--max-tokens", "2.5"],
+            "--max-tokens 2.5: expected an integer",
+        ),
+    ):
+        result = run_client(node, gen_daemon.target, tmp_path, *args)
+        assert result.returncode == 2 and result.stderr.startswith("usage error: "), result
+        assert message in result.stderr
+
+
+def test_generate_as_an_async_iterator(node: Path, gen_daemon: Daemon, tmp_path: Path) -> None:
+    """The library: chunks with `for await`; leaving the loop early cancels the call (the
+    server frees the sequence); a failed call rejects; a misspelt field throws at once."""
+    program = f"""
+const tensord = require({json.dumps(str(SCRIPT))});
+const grpc = require({json.dumps(str(CLIENT_DIR / "node_modules" / "@grpc" / "grpc-js"))});
+(async () => {{
+  const Service = tensord.loadService();
+  const client = new Service({json.dumps(gen_daemon.target)}, grpc.credentials.createInsecure());
+  const out = {{}};
+  const greedy = {{ token_ids: [5, 6, 7], max_tokens: 12, temperature: 0, ignore_eos: true }};
+  out.tokens = [];
+  for await (const chunk of tensord.generate(client, 'tinylm', greedy)) {{
+    out.tokens.push(...chunk.token_ids);
+    out.last = chunk.finish_reason;
+  }}
+  out.early = 0;
+  const long = {{ token_ids: [5, 6], max_tokens: 2000, ignore_eos: true }};
+  for await (const chunk of tensord.generate(client, 'tinylm', long)) {{
+    out.early += chunk.token_ids.length;
+    break;
+  }}
+  try {{
+    for await (const chunk of tensord.generate(client, 'mlp', {{ prompt: 'x' }})) {{}}
+  }} catch (err) {{
+    out.error = [grpc.status[err.code], err.details.includes('not a generator')];
+  }}
+  try {{
+    tensord.generate(client, 'tinylm', {{ prompt: 'x', max_token: 3 }});
+  }} catch (err) {{
+    out.usage = [err instanceof tensord.UsageError, err.message.split(';')[0]];
+  }}
+  client.close();
+  console.log(JSON.stringify(out));
+}})();
+"""
+    result = subprocess.run(
+        [str(node), "-e", program], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["tokens"] == python_tokens(gen_daemon.target, [5, 6, 7], 12)
+    assert out["last"] == "LENGTH"
+    assert 1 <= out["early"] < 2000
+    assert out["error"] == ["FAILED_PRECONDITION", True]
+    assert out["usage"] == [True, "unknown sampling field(s) max_token"]
+    from tensord_client import Client
+    from tests.conftest import wait_generator_idle
+
+    with Client(gen_daemon.target) as client:  # the early break freed the sequence
+        status = wait_generator_idle(client, "tinylm")
+    assert (status.running, status.waiting, status.kv_cache.used_blocks) == (0, 0, 0)
+
+
+def test_the_target_comes_from_tensord_target(
+    node: Path, gen_daemon: Daemon, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [str(node), str(SCRIPT), "health", "tinylm"],
+        cwd=tmp_path,
+        env={**os.environ, "TENSORD_TARGET": gen_daemon.target},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["models"][0]["state"] == "MODEL_STATE_READY"

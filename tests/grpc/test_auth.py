@@ -214,8 +214,9 @@ def test_tensorctl_sends_the_token(
 def test_failure_reasons_show_server_paths_only_to_operators(
     small_repo: Path, tmp_path: Path
 ) -> None:
-    """Health never shows server paths; Info shows them with authentication off or to a
-    token allowed every model, and repository-relative to any other."""
+    """Health never shows server paths; Info, and the FAILED_PRECONDITION a failed model
+    answers, show them with authentication off or to a token allowed every model, and
+    repository-relative to any other."""
     import shutil
 
     repo = tmp_path / "repo"
@@ -238,9 +239,19 @@ def test_failure_reasons_show_server_paths_only_to_operators(
         with client(srv, MLP_ONLY) as c:
             (broken,) = [m for m in c.info().models if m.name == "broken"]
             assert "broken/1/model.onnx" in broken.reason and absolute not in broken.reason
+            err = error_of(lambda: c.predict("broken", {"input": X}))
+            assert err.code() == Code.FAILED_PRECONDITION
+            assert err.details().startswith("model 'broken' version 1 is FAILED: ")
+            assert "broken/1/model.onnx" in err.details()
+            assert absolute not in err.details() and "/tmp/" not in err.details()
+            err = error_of(lambda: list(c.generate("broken", "hi")))
+            assert err.code() == Code.FAILED_PRECONDITION and absolute not in err.details()
         with client(srv, ADMIN) as c:
             (broken,) = [m for m in c.info().models if m.name == "broken"]
             assert f"{absolute}/broken/1/model.onnx" in broken.reason
+            err = error_of(lambda: c.predict("broken", {"input": X}))
+            assert err.code() == Code.FAILED_PRECONDITION
+            assert f"{absolute}/broken/1/model.onnx" in err.details()
     finally:
         srv.stop()
     open_srv = serve(repo)
@@ -248,6 +259,8 @@ def test_failure_reasons_show_server_paths_only_to_operators(
         with client(open_srv, None) as c:
             (broken,) = [m for m in c.info().models if m.name == "broken"]
             assert f"{absolute}/broken/1/model.onnx" in broken.reason
+            err = error_of(lambda: c.predict("broken", {"input": X}))
+            assert f"{absolute}/broken/1/model.onnx" in err.details()
     finally:
         open_srv.stop()
 

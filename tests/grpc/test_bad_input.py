@@ -173,9 +173,9 @@ CASES: list[tuple[str, pb.PredictRequest, Code, str]] = [
         "the model name takes 20000 bytes; names are at most 4096 bytes",
     ),
     (
-        "failed model",
+        "failed model",  # final until a reload: FAILED_PRECONDITION, which clients do not retry
         pb.PredictRequest(model="broken", inputs=[good_input()]),
-        Code.UNAVAILABLE,
+        Code.FAILED_PRECONDITION,
         "model 'broken' version 1 is FAILED: ONNX Runtime cannot load",
     ),
 ]

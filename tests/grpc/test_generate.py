@@ -14,8 +14,14 @@ import grpc
 import numpy as np
 import pytest
 
-from tensord.v1 import inference_pb2 as pb
-from tensord_client import AsyncClient, Client
+from tensord_client import (
+    AsyncClient,
+    Client,
+    DeadlineExceeded,
+    FinishReason,
+    GenerateChunk,
+    Unavailable,
+)
 from tests.conftest import ServerThread, serve, start_server, wait_generator_idle
 from tests.generate_reference import ReferenceModel
 from tests.models import SMALL_GENERATOR_TOML
@@ -51,7 +57,7 @@ def _prompts(count: int, seed: int = 0) -> list[list[int]]:
 
 async def _collect(
     client: AsyncClient, prompt: list[int], delay: float, **sampling: object
-) -> tuple[list[int], list[pb.GenerateResponse]]:
+) -> tuple[list[int], list[GenerateChunk]]:
     await asyncio.sleep(delay)
     chunks = [c async for c in client.generate(MODEL, token_ids=prompt, **sampling)]
     return [t for c in chunks for t in c.token_ids], chunks
@@ -63,7 +69,7 @@ def test_sixteen_streams_equal_the_no_cache_reference(
     prompts = _prompts(16)
     new_tokens = 24
 
-    async def run() -> list[tuple[list[int], list[pb.GenerateResponse]]]:
+    async def run() -> list[tuple[list[int], list[GenerateChunk]]]:
         async with AsyncClient(gen_server.target, timeout=60) as client:
             return await asyncio.gather(
                 *(
@@ -79,8 +85,9 @@ def test_sixteen_streams_equal_the_no_cache_reference(
     for prompt, (tokens, chunks) in zip(prompts, results, strict=True):
         assert len(tokens) == new_tokens
         last = chunks[-1]
-        assert last.finish_reason == pb.FINISH_REASON_LENGTH
-        assert last.usage.prompt_tokens == len(prompt)
+        assert last.finish_reason is FinishReason.LENGTH
+        assert all(c.finish_reason is None and c.usage is None for c in chunks[:-1])
+        assert last.usage is not None and last.usage.prompt_tokens == len(prompt)
         assert last.usage.completion_tokens == new_tokens
         assert last.usage.time_to_first_token_ms > 0
         assert [c.index for c in chunks] == [
@@ -163,7 +170,7 @@ def test_text_stop_sequence_is_not_emitted(gen_server: ServerThread) -> None:
         )
     got = "".join(c.text for c in cut)
     assert got == text[: text.index(stop)]
-    assert cut[-1].finish_reason == pb.FINISH_REASON_STOP
+    assert cut[-1].finish_reason == "STOP"
 
 
 def test_logprobs_and_text_deltas(gen_server: ServerThread) -> None:
@@ -213,8 +220,8 @@ def test_cancelled_streams_free_their_blocks(gen_server: ServerThread) -> None:
 def test_deadlines_end_streams_and_free_blocks(gen_server: ServerThread) -> None:
     with Client(gen_server.target) as client:
         for _ in range(5):
-            got: list[pb.GenerateResponse] = []
-            with pytest.raises(grpc.RpcError) as info:
+            got: list[GenerateChunk] = []
+            with pytest.raises(DeadlineExceeded) as info:
                 for chunk in client.generate(
                     MODEL,
                     token_ids=list(range(50, 90)),
@@ -298,13 +305,13 @@ def test_prompt_token_limit(gen_repo: Path) -> None:
 
 def test_drain_ends_long_streams_with_unavailable(gen_repo: Path) -> None:
     srv = serve(gen_repo)
-    got: list[pb.GenerateResponse] = []
+    got: list[GenerateChunk] = []
     stopper = threading.Thread(target=srv.stop, kwargs={"grace": 1.0})
     with Client(srv.target, retries=0) as client:
         stream = client.generate(MODEL, token_ids=[3, 4, 5], max_tokens=2000, ignore_eos=True)
         got.append(next(stream))
         stopper.start()
-        with pytest.raises(grpc.RpcError) as info:
+        with pytest.raises(Unavailable) as info:
             for chunk in stream:
                 got.append(chunk)
     stopper.join(15)
@@ -343,7 +350,7 @@ def test_stream_interval_merges_tokens_but_not_the_first(
     # and the last chunk carries the finish reason.
     assert len(chunks[0].token_ids) == 1
     assert len(chunks) <= 1 + -(-(new_tokens - 1) // 3) + 1
-    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert chunks[-1].finish_reason == "LENGTH"
     assert [c.index for c in chunks] == [
         sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))
     ]
@@ -363,7 +370,7 @@ def test_a_tight_token_budget_prefills_one_token_a_step(
     prompts = [list(range(10 + i, 13 + i)) for i in range(7)] + [list(range(500, 510))]
     lengths = [120] * 7 + [20]  # the seven still decode while the eighth is prefilled
 
-    async def run() -> list[tuple[list[int], list[pb.GenerateResponse]]]:
+    async def run() -> list[tuple[list[int], list[GenerateChunk]]]:
         async with AsyncClient(srv.target, timeout=60) as client:
             return await asyncio.gather(
                 *(
@@ -388,7 +395,7 @@ def test_a_tight_token_budget_prefills_one_token_a_step(
         srv.stop()
     for prompt, n, (tokens, chunks) in zip(prompts, lengths, results, strict=True):
         assert len(tokens) == n
-        assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert chunks[-1].finish_reason is FinishReason.LENGTH
         assert reference.greedy(prompt, n).check(tokens) >= n // 2  # near ties are rare
 
 
@@ -448,7 +455,7 @@ def test_drain_ends_requests_not_started_at_once(gen_repo: Path, tmp_path: Path)
     assert took < 2  # at the start of the drain, not at the end of its 4 s grace
 
 
-def _error_of(stream: Iterator[pb.GenerateResponse]) -> grpc.RpcError:
+def _error_of(stream: Iterator[GenerateChunk]) -> grpc.RpcError:
     try:
         for _ in stream:
             pass

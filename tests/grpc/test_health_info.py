@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tensord.v1 import inference_pb2 as pb
-from tensord_client import Client
+from tensord_client import Client, ModelState, NotFound, ServingStatus
 from tests.conftest import ServerThread, serve
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -18,21 +19,26 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 def test_health_lists_every_version(client: Client) -> None:
     reply = client.health()
-    assert reply.status == pb.SERVING_STATUS_SERVING
+    assert reply.status is ServingStatus.SERVING and reply.status == "SERVING" and reply.serving
     states = {(m.name, m.version): m.state for m in reply.models}
-    assert states[("mlp", 1)] == pb.MODEL_STATE_READY
-    assert states[("versioned", 1)] == states[("versioned", 2)] == pb.MODEL_STATE_READY
+    assert states[("mlp", 1)] == "READY"
+    assert states[("versioned", 1)] is states[("versioned", 2)] is ModelState.READY
+    assert states[("broken", 1)] is ModelState.FAILED
+    # The protobuf message is there too, and the names still equal the wire numbers.
+    assert reply.proto.status == pb.SERVING_STATUS_SERVING == reply.status
     assert states[("broken", 1)] == pb.MODEL_STATE_FAILED
 
 
 def test_health_of_one_model(client: Client) -> None:
     (broken,) = client.health("broken").models
-    assert broken.state == pb.MODEL_STATE_FAILED
+    assert broken.state == "FAILED"
     assert broken.reason.startswith("ONNX Runtime cannot load")
     assert "broken/1/model.onnx" in broken.reason
-    with pytest.raises(grpc.RpcError) as info:
+    with pytest.raises(NotFound) as info:
         client.health("nope")
+    assert isinstance(info.value, grpc.RpcError)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert str(info.value) == f"NOT_FOUND: {info.value.details()}"
 
 
 @pytest.mark.parametrize(
@@ -73,25 +79,20 @@ def test_info(client: Client) -> None:
     if not reply.gpus:
         assert reply.gpu_unavailable_reason
     mlp = next(m for m in reply.models if m.name == "mlp")
-    assert mlp.state == pb.MODEL_STATE_READY
+    assert mlp.state == "READY"
     assert (mlp.backend, mlp.executor, mlp.kind) == ("onnxruntime", "cpu", "predict")
     assert mlp.provider == mlp.requested_providers[0]
     assert mlp.provider_reason
     assert mlp.max_batch_size == 128
-    assert [(s.name, s.dtype, list(s.shape)) for s in mlp.inputs] == [
-        ("input", pb.DATA_TYPE_FLOAT32, [-1, 512])
-    ]
-    assert [(s.name, s.dtype, list(s.shape)) for s in mlp.outputs] == [
-        ("output", pb.DATA_TYPE_FLOAT32, [-1, 10])
-    ]
+    assert [(s.name, s.dtype, s.shape) for s in mlp.inputs] == [("input", "FLOAT32", [-1, 512])]
+    assert [(s.name, s.dtype, s.shape) for s in mlp.outputs] == [("output", "FLOAT32", [-1, 10])]
+    assert mlp.inputs[0].numpy_dtype == np.float32
     assert mlp.load_time_ms > 0
     broken = next(m for m in reply.models if m.name == "broken")
-    assert broken.state == pb.MODEL_STATE_FAILED and broken.reason
+    assert broken.state == "FAILED" and broken.reason
 
 
 def test_info_reports_executor_and_batching(client: Client) -> None:
-    import numpy as np
-
     client.predict("mlp_batched", {"input": np.zeros((3, 512), np.float32)})
     info = {(m.name, m.version): m for m in client.info().models}
     batched = info[("mlp_batched", 1)]
@@ -113,7 +114,7 @@ def test_info_reports_executor_and_batching(client: Client) -> None:
     assert sum(lane.runs for lane in status.lanes) >= 1  # warm-up runs directly, not on a lane
     host = next(p for p in status.pools if p.name == "host")
     assert host.in_use_bytes == 0
-    assert not info[("mlp", 1)].HasField("dynamic_batching")
+    assert not info[("mlp", 1)].proto.HasField("dynamic_batching")
 
 
 def test_info_says_whether_tensorrt_is_here(client: Client) -> None:

@@ -134,7 +134,7 @@ def test_info_says_where_processing_runs(client: Client) -> None:
     assert [s.name for s in detector.outputs] == [
         "boxes", "scores", "classes", "num_detections", "letterbox", "input_echo",
     ]  # fmt: skip
-    assert not models["mlp"].HasField("preprocess")
+    assert not models["mlp"].proto.HasField("preprocess")
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,9 @@ from tests.fuzzing import CALLER_MISTAKES
 from tests.models import SMALL_GENERATOR_TOML
 
 Code = grpc.StatusCode
-PREDICT_CODES = CALLER_MISTAKES | {Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED}
-"""UNAVAILABLE: the repository's broken model."""
+PREDICT_CODES = CALLER_MISTAKES | {Code.DEADLINE_EXCEEDED}
+"""The repository's broken model answers FAILED_PRECONDITION (final: clients do not retry
+it); nothing answers UNAVAILABLE while the server runs."""
 GENERATE_CODES = CALLER_MISTAKES
 JUNK_NAMES = ["", "nope", "ü∂", "x" * 300, "../mlp", "mlp ", "\x00", "input\n"]
 DIMS = [-7, -1, 0, 1, 2, 3, 10, 512, 2**31, 2**62]

@@ -223,3 +223,100 @@ def test_generate_starts_when_called(server: ServerThread) -> None:
         with pytest.raises(grpc.RpcError) as info:
             list(stream)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_the_target_comes_from_tensord_target(
+    server: ServerThread, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENSORD_TARGET", server.target)
+    code, out, err = run(capsys, "health", "mlp")
+    assert code == 0, err
+    assert out.splitlines()[0] == "server: SERVING"
+    code, _, err = run(capsys, "--timeout", "2", "-t", "127.0.0.1:9", "health")
+    assert code == 1 and err.startswith("tensorctl: UNAVAILABLE: ")  # --target wins
+
+
+def test_health_exits_1_when_the_server_is_not_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "garbage" / "1").mkdir(parents=True)
+    (tmp_path / "garbage" / "1" / "model.onnx").write_bytes(b"not a model")
+    srv = start_server(tmp_path)  # no model can serve: health is NOT_SERVING
+    try:
+        code, out, _ = run(capsys, "-t", srv.target, "health")
+        assert code == 1
+        assert out.splitlines()[0] == "server: NOT_SERVING"
+        code, out, _ = run(capsys, "-t", srv.target, "--json", "health")
+        assert code == 1 and json.loads(out)["status"] == "SERVING_STATUS_NOT_SERVING"
+    finally:
+        srv.stop()
+
+
+def test_help_documents_the_target_variable_and_the_exit_statuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    assert "$TENSORD_TARGET, else 127.0.0.1:50051" in " ".join(out.split())
+    assert "exit status:" in out and "130" in out
+    code, out, _ = run(capsys, "health", "--help")
+    assert code == 0
+    assert "0  the server is SERVING" in out and "1  it is not, or it did not answer" in out
+
+
+def test_a_reader_that_leaves_early_ends_it_quietly(server: ServerThread) -> None:
+    import os
+    import subprocess
+    import sys
+
+    # Status 1, as the Python documentation's note on SIGPIPE has it (argparse's --help
+    # drops a write that fails at once, unbuffered, and exits 0). Output to a pipe is
+    # buffered unless PYTHONUNBUFFERED says otherwise: both ways.
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    for env in (buffered, {**buffered, "PYTHONUNBUFFERED": "1"}):
+        for argv, statuses in ((["--json", "info"], {1}), (["--help"], {0, 1})):
+            read, write = os.pipe()
+            os.close(read)  # the reader has left before the first byte: every write fails
+            try:
+                result = subprocess.run(
+                    [sys.executable, "-m", "tensord_client.cli", "-t", server.target, *argv],
+                    stdout=write,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    text=True,
+                    timeout=60,
+                )
+            finally:
+                os.close(write)
+            assert result.returncode in statuses and result.stderr == "", (argv, result)
+
+
+def test_health_waits_for_a_daemon_still_starting(
+    small_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on yet
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "tensord_client.cli", "-t", f"127.0.0.1:{port}", "health", "mlp",
+         "--wait", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1.5)  # tensorctl is asking by now, and hearing UNAVAILABLE
+        srv = start_server(small_repo, listen=f"127.0.0.1:{port}")
+    finally:
+        out, err = waiting.communicate(timeout=60)
+    try:
+        assert waiting.returncode == 0, err
+        assert out.splitlines()[0] == "server: SERVING"
+        # A model that never comes: asked again until the wait is over, then NOT_FOUND.
+        code, _, err = run(capsys, "-t", srv.target, "health", "nope", "--wait", "0.5")
+        assert code == 1 and err.startswith("tensorctl: NOT_FOUND: ")
+    finally:
+        srv.stop()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,11 +14,17 @@ import pytest
 import structlog
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from tensord.backends.base import Backend, DeviceOptions
+from tensord.config import load_config
 from tensord.config_tables import TracingSettings
+from tensord.errors import InternalError
 from tensord.observability.tracing import build_tracer
+from tensord.registry.model_config import ModelConfig
+from tensord.registry.registry import default_backend_factory
 from tensord_client import Client
 from tensord_client._common import predict_request
-from tests.conftest import serve
+from tests.conftest import ServerThread, serve
+from tests.models import WrappedBackend
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -118,44 +124,54 @@ def test_a_span_per_rpc_with_model_status_and_parent(small_repo: Path) -> None:
     assert len(generate.parent_span_id) == 0  # no traceparent: a root span
 
 
-@pytest.fixture
-def broken_repo(small_repo: Path, tmp_path: Path) -> Path:
-    """The mlp, and `broken`: a model.onnx that is not ONNX, so the model is FAILED."""
-    shutil.copytree(small_repo / "mlp", tmp_path / "mlp")
-    (tmp_path / "broken" / "1").mkdir(parents=True)
-    (tmp_path / "broken" / "1" / "model.onnx").write_bytes(b"this is not an ONNX file")
-    return tmp_path
+class FailingBackend(WrappedBackend):
+    """A real ONNX Runtime backend that fails with INTERNAL on an input starting with -1
+    (the warm-up, on zeros, passes)."""
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> list[np.ndarray]:
+        if any(array.size and array.flat[0] == -1 for array in inputs.values()):
+            raise InternalError("the backend failed")
+        return super().run(inputs, output_names)
 
 
-def test_a_failure_the_server_owns_marks_the_span_as_an_error(broken_repo: Path) -> None:
+def test_a_failure_the_server_owns_marks_the_span_as_an_error(small_repo: Path) -> None:
+    def factory(path: Path, config: ModelConfig, where: DeviceOptions) -> Backend:
+        return FailingBackend(default_backend_factory(path, config, where))
+
     collector, receiver, port = start_collector()
-    srv = serve(
-        broken_repo,
-        tracing__enabled=True,
-        tracing__otlp_endpoint=f"http://127.0.0.1:{port}",
-    )
+    overrides = {
+        "model_repository": str(small_repo),
+        "server.listen": "127.0.0.1:0",
+        "tracing.enabled": True,
+        "tracing.otlp_endpoint": f"http://127.0.0.1:{port}",
+    }
+    config = load_config(None, env={}, overrides=overrides)
+    srv = ServerThread(config, backend_factory=factory).start()
     try:
         with (
             Client(srv.target, timeout=10, retries=0) as client,
             pytest.raises(grpc.RpcError) as caught,
         ):
-            client.predict("broken", {"input": np.zeros((1, 4), np.float32)}, request_id="broken-1")
+            x = np.full((1, 512), -1, np.float32)
+            client.predict("mlp", {"input": x}, request_id="failing-1")
     finally:
         srv.stop()  # flushes the batch of spans
         receiver.stop(0)
     err = caught.value
-    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.code() == grpc.StatusCode.INTERNAL
     (span,) = [s for _, s in collector.spans()]
     assert attributes(span) == {
         "rpc.system": "grpc",
         "rpc.service": "tensord.v1.InferenceService",
         "rpc.method": "Predict",
-        "rpc.grpc.status_code": grpc.StatusCode.UNAVAILABLE.value[0],
-        "tensord.model": "broken",
-        "tensord.request_id": "broken-1",
+        "rpc.grpc.status_code": grpc.StatusCode.INTERNAL.value[0],
+        "tensord.model": "mlp",
+        "tensord.request_id": "failing-1",
     }
     assert span.status.code == span.status.STATUS_CODE_ERROR
-    assert span.status.message == f"UNAVAILABLE: {err.details()}"
+    assert span.status.message == f"INTERNAL: {err.details()}"
 
 
 def test_enabled_without_opentelemetry_logs_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,6 +186,6 @@ def test_enabled_without_opentelemetry_logs_why(monkeypatch: pytest.MonkeyPatch)
             "event": "tracing.unavailable",
             "log_level": "warning",
             "reason": "OpenTelemetry is not installed (opentelemetry); install the otel "
-            "extra: pip install 'tensord[otel]'",
+            'extra from the clone: pip install -e ".[otel]"',
         }
     ]

@@ -96,7 +96,7 @@ def test_bad_token_files_name_the_problem(tmp_path: Path) -> None:
     expected = {
         "missing.toml": "cannot read: No such file or directory",
         "syntax.toml": "not valid TOML",
-        "digest.toml": "token.0.sha256: Value error, expected 64 hex digits",
+        "digest.toml": "token.0.sha256: expected 64 hex digits",
         "models.toml": "token.0.models: List should have at least 1 item",
         "dupe.toml": "two tokens are named 'a'",
         "same.toml": "token 'b' repeats another's sha256",

@@ -85,12 +85,9 @@ def test_errors_name_the_field(tmp_path: Path) -> None:
         load_config(path, env={})
     text = str(info.value)
     assert text.startswith(f"{path}: 3 invalid setting(s)")
+    assert "server.listen: expected HOST:PORT such as 127.0.0.1:50051, got 'nowhere'" in text
     assert (
-        "server.listen: Value error, expected HOST:PORT such as 127.0.0.1:50051, got 'nowhere'"
-        in text
-    )
-    assert (
-        "server.max_receive_message_bytes: Input should be greater than or equal to 1024 (got 10)"
+        "server.max_receive_message_bytes: expected a value greater than or equal to 1024 (got 10)"
         in text
     )
     assert "server.log_levle: unknown key" in text
@@ -99,7 +96,7 @@ def test_errors_name_the_field(tmp_path: Path) -> None:
 def test_bad_env_value_is_reported() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, env={"TENSORD_SERVER_DRAIN_GRACE_SECONDS": "soon"})
-    assert "server.drain_grace_seconds: Input should be a valid number" in str(info.value)
+    assert "server.drain_grace_seconds: expected a valid number" in str(info.value)
 
 
 def test_unreadable_toml(tmp_path: Path) -> None:
@@ -122,10 +119,8 @@ def test_model_toml_validation(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError) as info:
         read_model_config(tmp_path)
     text = str(info.value)
-    assert (
-        "preferred_provider: Value error, unknown execution provider 'tpu'; expected one of" in text
-    )
-    assert "max_batch_size: Input should be greater than or equal to 0 (got -1)" in text
+    assert "preferred_provider: unknown execution provider 'tpu'; expected one of" in text
+    assert "max_batch_size: expected a value greater than or equal to 0 (got -1)" in text
     assert "batch: unknown key" in text
 
 
@@ -186,28 +181,28 @@ def test_security_settings_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     text = str(info.value)
-    assert "metrics.listen: Value error, expected HOST:PORT such as 127.0.0.1:50051" in text
-    assert "auth.rate_per_second: Input should be greater than or equal to 0 (got -1)" in text
-    assert "tracing.sample_ratio: Input should be less than or equal to 1 (got 2)" in text
+    assert "metrics.listen: expected HOST:PORT such as 127.0.0.1:50051" in text
+    assert "auth.rate_per_second: expected a value greater than or equal to 0 (got -1)" in text
+    assert "tracing.sample_ratio: expected a value less than or equal to 1 (got 2)" in text
 
 
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("keepalive_time_seconds = inf", "server.keepalive_time_seconds: Input should be a finite"),
-        ("keepalive_timeout_seconds = nan", "server.keepalive_timeout_seconds: Input should be a"),
+        ("keepalive_time_seconds = inf", "server.keepalive_time_seconds: expected a finite"),
+        ("keepalive_timeout_seconds = nan", "server.keepalive_timeout_seconds: expected a"),
         (
             "max_connection_age_seconds = 1e300",
-            "server.max_connection_age_seconds: Input should be less than or equal to 604800",
+            "server.max_connection_age_seconds: expected a value less than or equal to 604800",
         ),
         (
             "max_connection_age_grace_seconds = 604801",
-            "server.max_connection_age_grace_seconds: Input should be less than or equal to",
+            "server.max_connection_age_grace_seconds: expected a value less than or equal to",
         ),
-        ("drain_grace_seconds = inf", "server.drain_grace_seconds: Input should be a finite"),
+        ("drain_grace_seconds = inf", "server.drain_grace_seconds: expected a finite"),
         (
             "drain_delay_seconds = 3601",
-            "server.drain_delay_seconds: Input should be less than or equal to 3600",
+            "server.drain_delay_seconds: expected a value less than or equal to 3600",
         ),
     ],
 )
@@ -228,7 +223,7 @@ def test_a_bad_value_names_the_variable_or_flag_it_came_from(tmp_path: Path) -> 
         load_config(path, env={"TENSORD_SERVER_DRAIN_GRACE_SECONDS": "abc"})
     assert str(info.value) == (
         "TENSORD_SERVER_DRAIN_GRACE_SECONDS: 1 invalid setting(s)\n"
-        "  server.drain_grace_seconds: Input should be a valid number, unable to parse string "
+        "  server.drain_grace_seconds: expected a valid number, unable to parse string "
         "as a number (got 'abc')"
     )
     path.write_text('[server]\nlog_level = "loud"\n')
@@ -241,9 +236,9 @@ def test_a_bad_value_names_the_variable_or_flag_it_came_from(tmp_path: Path) -> 
         )
     assert str(info.value) == (
         f"--listen, {path}: 2 invalid setting(s)\n"
-        "  server.listen (from --listen): Value error, expected HOST:PORT such as "
+        "  server.listen (from --listen): expected HOST:PORT such as "
         "127.0.0.1:50051, got 'nowhere'\n"
-        f"  server.log_level (from {path}): Input should be 'debug', 'info', 'warning' or "
+        f"  server.log_level (from {path}): expected 'debug', 'info', 'warning' or "
         "'error' (got 'loud')"
     )
 
@@ -254,12 +249,11 @@ def test_an_empty_directory_setting_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     assert str(info.value) == (
-        f"{path}: 1 invalid setting(s)\n"
-        "  model_repository: Value error, expected a directory path, got ''"
+        f"{path}: 1 invalid setting(s)\n  model_repository: expected a directory path, got ''"
     )
     with pytest.raises(ConfigError, match="TENSORD_MODEL_REPOSITORY: 1 invalid setting"):
         load_config(None, env={"TENSORD_MODEL_REPOSITORY": ""})
-    with pytest.raises(ConfigError, match="cache_directory: Value error, expected a directory"):
+    with pytest.raises(ConfigError, match="cache_directory: expected a directory"):
         load_config(None, env={"TENSORD_CACHE_DIRECTORY": " "})
 
 
@@ -273,3 +267,14 @@ def test_a_config_file_that_is_not_utf8(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="is a directory; expected a TOML file"):
         load_config(tmp_path, env={})
+
+
+def test_ready_when_takes_one_of_three_policies() -> None:
+    assert load_config(None, env={}).server.ready_when == "any_model"
+    assert env_keys()["TENSORD_SERVER_READY_WHEN"] == "server.ready_when"
+    config = load_config(None, env={"TENSORD_SERVER_READY_WHEN": "all_models"})
+    assert config.server.ready_when == "all_models"
+    with pytest.raises(ConfigError) as info:
+        load_config(None, env={"TENSORD_SERVER_READY_WHEN": "some_models"})
+    assert "server.ready_when: " in str(info.value)
+    assert "'any_model', 'all_models' or 'always'" in str(info.value)

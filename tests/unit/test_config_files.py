@@ -142,7 +142,7 @@ def test_numbers_grpc_cannot_take_are_refused(tmp_path: Path, line: str) -> None
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     message = str(info.value)
-    assert f"server.{key}: Input should be less than or equal to 2147483647" in message
+    assert f"server.{key}: expected a value less than or equal to 2147483647" in message
     assert str(path) in message
 
 
@@ -158,15 +158,15 @@ def test_a_boolean_is_not_a_number_in_the_daemon_config(tmp_path: Path) -> None:
     [
         (
             "instance_count = 1099511627776\n",
-            "instance_count: Input should be less than or equal to 256",
+            "instance_count: expected a value less than or equal to 256",
         ),
         (
             "intra_op_threads = 4294967296\n",
-            "intra_op_threads: Input should be less than or equal to 1024",
+            "intra_op_threads: expected a value less than or equal to 1024",
         ),
         (
             "[generator]\nnum_blocks = 4294967296\n",
-            "generator.num_blocks: Input should be less than",
+            "generator.num_blocks: expected a value less than",
         ),
     ],
 )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2
@@ -12,27 +12,36 @@ from tests.tools import buf, require_module
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "protos" / "tensord" / "v1" / "inference.proto"
-GENERATED = ROOT / "daemon" / "tensord" / "v1"
+GENERATED = ROOT / "clients" / "python" / "tensord_client" / "v1"
 
 
-def test_generated_code_is_current(tmp_path: Path) -> None:
+def test_generated_code_is_current() -> None:
+    """The stubs in the client package are what `make proto` makes of the .proto now."""
     require_module("grpc_tools")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            f"-I{ROOT / 'protos'}",
-            f"--python_out={tmp_path}",
-            f"--pyi_out={tmp_path}",
-            f"--grpc_python_out={tmp_path}",
-            str(PROTO),
-        ],
-        check=True,
+    spec = importlib.util.spec_from_file_location(
+        "generate_stubs", ROOT / "clients" / "python" / "generate_stubs.py"
     )
-    for name in ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"):
-        fresh = (tmp_path / "tensord" / "v1" / name).read_text()
-        assert (GENERATED / name).read_text() == fresh, f"{name} is stale: run `make proto`"
+    assert spec is not None and spec.loader is not None
+    generate_stubs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate_stubs)
+    fresh = generate_stubs.generate()
+    assert sorted(fresh) == ["inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"]
+    for name, text in fresh.items():
+        assert (GENERATED / name).read_text() == text, f"{name} is stale: run `make proto`"
+
+
+def test_daemon_and_client_share_one_copy_of_the_stubs() -> None:
+    import tensord.v1.inference_pb2_grpc
+    from tensord.v1 import inference_pb2
+    from tensord_client.v1 import inference_pb2 as client_pb2
+    from tensord_client.v1 import inference_pb2_grpc as client_pb2_grpc
+
+    assert inference_pb2 is client_pb2
+    assert tensord.v1.inference_pb2_grpc is client_pb2_grpc
+    assert client_pb2.PredictRequest.__module__ == "tensord_client.v1.inference_pb2"
+    # The descriptor keeps the .proto's own name, as reflection and other languages see it.
+    assert client_pb2.DESCRIPTOR.name == "tensord/v1/inference.proto"
+    assert not list((ROOT / "daemon" / "tensord" / "v1").glob("*_pb2*"))
 
 
 def test_buf_lint() -> None:

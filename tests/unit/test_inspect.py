@@ -94,3 +94,29 @@ def test_a_decoder_it_cannot_serve_says_why(
 def test_a_plain_model_has_no_generator_part(tmp_path: Path) -> None:
     path = build_identity(tmp_path / "model.onnx", TensorProto.FLOAT)
     assert "generator" not in inspect_model(path)
+
+
+def test_a_reader_that_leaves_early_ends_it_quietly(tmp_path: Path) -> None:
+    """`tensord inspect --json model.onnx | head -1`: no BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+
+    path = build_identity(tmp_path / "model.onnx", TensorProto.FLOAT)
+    # Output to a pipe is buffered unless PYTHONUNBUFFERED says otherwise: both ways.
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    for env in (buffered, {**buffered, "PYTHONUNBUFFERED": "1"}):
+        read, write = os.pipe()
+        os.close(read)  # the reader has left before the first byte: every write fails
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "tensord.cli", "inspect", "--json", str(path)],
+                stdout=write,
+                stderr=subprocess.PIPE,
+                env=env,
+                text=True,
+                timeout=120,
+            )
+        finally:
+            os.close(write)
+        assert (result.returncode, result.stderr) == (1, "")

@@ -172,3 +172,14 @@ def test_switching_tls_or_auth_on_needs_a_restart(tmp_path: Path) -> None:
     }
     assert merged.tls == running.tls and merged.auth == running.auth
     assert merged.limits.max_prompt_tokens == 100  # live
+
+
+def test_a_change_to_required_alone_loads_nothing_again(tmp_path: Path) -> None:
+    root = _repo(tmp_path)
+    served = _serve(scan_repository(root))
+    (root / "a" / "model.toml").write_text("required = true\n")
+    (root / "b" / "model.toml").write_text("required = true\nmax_batch_size = 4\n")
+    plan = plan_reload(served, scan_repository(root))
+    assert [old.name for _, old in plan.changed] == ["b"]  # its other settings changed
+    assert [(src.name, src.config.required) for src, _ in plan.retagged] == [("a", True)]
+    assert plan.retagged[0][1] is served["a"][1] and plan.unchanged == 2

@@ -42,7 +42,7 @@ def test_scan_layouts(tmp_path: Path) -> None:
 
 
 def test_problems_become_entries(tmp_path: Path) -> None:
-    touch(tmp_path / "empty" / "README")
+    touch(tmp_path / "empty" / "model.toml")  # with nothing of a model, a directory is skipped
     touch(tmp_path / "missing" / "model.toml", "versions = [1, 2]\n")
     touch(tmp_path / "missing" / "1" / "model.onnx")
     touch(tmp_path / "nofile" / "1" / "other.onnx")
@@ -51,8 +51,8 @@ def test_problems_become_entries(tmp_path: Path) -> None:
     assert "no version directories (1/, 2/, ...) holding model.onnx" in errors[("empty", 1)]
     assert errors[("missing", 1)] == ""
     assert "model.toml lists version 2, but" in errors[("missing", 2)]
-    assert errors[("nofile", 1)].endswith("nofile/1/model.onnx does not exist")
-    assert "max_batch_size: Input should be a valid integer" in errors[("badtoml", 1)]
+    assert "nofile/1/model.onnx does not exist; 1/ holds other.onnx" in errors[("nofile", 1)]
+    assert "max_batch_size: expected a valid integer" in errors[("badtoml", 1)]
 
 
 def test_repository_must_exist(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,12 +12,21 @@ from typing import Any
 import grpc
 import numpy as np
 
-from tensord.codec import decode_tensor, encode_tensor
-from tensord.errors import InvalidArgumentError
-from tensord.v1 import inference_pb2 as pb
+from tensord_client.errors import retry_after
+from tensord_client.tensors import decode_tensor, encode_tensor
+from tensord_client.v1 import inference_pb2 as pb
+
+__all__ = ["DEFAULT_TARGET", "TARGET_ENV", "TLSOptions", "default_target", "retry_after"]
 
 SERVICE = "tensord.v1.InferenceService"
 DEFAULT_TARGET = "127.0.0.1:50051"
+TARGET_ENV = "TENSORD_TARGET"
+"""The environment variable that names the target when a caller gives none."""
+
+
+def default_target() -> str:
+    """$TENSORD_TARGET when it is set and not empty, else 127.0.0.1:50051."""
+    return os.environ.get(TARGET_ENV) or DEFAULT_TARGET
 
 
 @dataclass(slots=True, frozen=True)
@@ -114,12 +124,7 @@ def predict_request(
     An array the contract cannot carry (a dtype such as uint16 or complex) raises ValueError
     before anything is sent.
     """
-    try:
-        tensors = [
-            encode_tensor(name, np.asarray(array), contents=typed) for name, array in inputs.items()
-        ]
-    except InvalidArgumentError as exc:
-        raise ValueError(str(exc)) from None
+    tensors = [encode_tensor(name, array, contents=typed) for name, array in inputs.items()]
     return pb.PredictRequest(
         model=model, version=version, inputs=tensors, output_names=list(outputs or ())
     )
@@ -127,7 +132,7 @@ def predict_request(
 
 def predict_outputs(response: pb.PredictResponse) -> dict[str, np.ndarray]:
     """The response's tensors as arrays, by name."""
-    return dict(decode_tensor(t, "outputs") for t in response.outputs)
+    return {t.name: decode_tensor(t) for t in response.outputs}
 
 
 def generate_request(
@@ -168,15 +173,3 @@ def metadata(
 ) -> tuple[tuple[str, str], ...]:
     """Call metadata: `base` (the credentials) and an x-request-id when one is given."""
     return (*base, ("x-request-id", request_id)) if request_id else base
-
-
-def retry_after(error: grpc.RpcError) -> float | None:
-    """Seconds the server asked the caller to wait (a rate limit's push-back), if any."""
-    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
-    for key, value in trailers or ():
-        if key == "grpc-retry-pushback-ms":
-            try:
-                return int(value) / 1e3
-            except ValueError:
-                return None
-    return None

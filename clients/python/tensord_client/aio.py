@@ -2,44 +2,60 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+import grpc.aio
 import numpy as np
 
-from tensord.v1 import inference_pb2 as pb
-from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client._common import (
-    DEFAULT_TARGET,
     TLSOptions,
     auth_metadata,
     channel_options,
+    default_target,
     generate_request,
     metadata,
     predict_outputs,
     predict_request,
 )
+from tensord_client.errors import from_rpc_error
+from tensord_client.results import GenerateChunk, Health, Info
+from tensord_client.v1 import inference_pb2 as pb
+from tensord_client.v1 import inference_pb2_grpc as pb_grpc
+
+Reply = TypeVar("Reply")
 
 
-async def _chunks(call: Any) -> AsyncIterator[pb.GenerateResponse]:
+async def _unary(method: Callable[..., Awaitable[Reply]], request: Any, **kwargs: Any) -> Reply:
+    """Await a unary method; a failure raises its typed error (tensord_client.errors)."""
     try:
-        async for chunk in call:
-            yield chunk
+        return await method(request, **kwargs)
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
+
+
+async def _chunks(call: Any) -> AsyncIterator[GenerateChunk]:
+    try:
+        async for response in call:
+            yield GenerateChunk.from_proto(response)
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
     finally:
         call.cancel()  # a reader that stops early frees the server's sequence at once
 
 
 class AsyncClient:
-    """The asyncio twin of Client; create and use it inside one event loop.
+    """The asyncio twin of Client (same arguments, same replies, same typed errors); create
+    and use it inside one event loop.
 
     Closing it while calls run cancels them: they end with asyncio.CancelledError (the
-    sync client's raise grpc.RpcError CANCELLED)."""
+    sync client's raise tensord_client.Cancelled)."""
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
         timeout: float | None = 30.0,
         tls: TLSOptions | None = None,
@@ -48,11 +64,12 @@ class AsyncClient:
         round_robin: bool = False,
         options: Iterable[tuple[str, object]] = (),
     ) -> None:
+        self.target = target or default_target()
         opts = channel_options(retries, tls, options, round_robin)
         self._channel = (
-            grpc.aio.secure_channel(target, tls.credentials(), options=opts)
+            grpc.aio.secure_channel(self.target, tls.credentials(), options=opts)
             if tls is not None
-            else grpc.aio.insecure_channel(target, options=opts)
+            else grpc.aio.insecure_channel(self.target, options=opts)
         )
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self.timeout = timeout
@@ -96,8 +113,11 @@ class AsyncClient:
     ) -> pb.PredictResponse:
         """Predict, returning the whole response message (version, timing)."""
         request = predict_request(model, inputs, version, outputs, typed)
-        response: pb.PredictResponse = await self._stub.Predict(
-            request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
+        response: pb.PredictResponse = await _unary(
+            self._stub.Predict,
+            request,
+            timeout=self._deadline(timeout),
+            metadata=metadata(request_id, self._auth),
         )
         return response
 
@@ -111,7 +131,7 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str | None = None,
         **sampling: Any,
-    ) -> AsyncIterator[pb.GenerateResponse]:
+    ) -> AsyncIterator[GenerateChunk]:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...).
 
         The call starts here (its deadline counts from now, and bad arguments raise here);
@@ -122,19 +142,22 @@ class AsyncClient:
         )
         return _chunks(call)
 
-    async def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
+    async def health(self, model: str = "", *, timeout: float | None = None) -> Health:
         """Server and model health."""
-        response: pb.HealthResponse = await self._stub.Health(
-            pb.HealthRequest(model=model), timeout=self._deadline(timeout), metadata=self._auth
+        reply: pb.HealthResponse = await _unary(
+            self._stub.Health,
+            pb.HealthRequest(model=model),
+            timeout=self._deadline(timeout),
+            metadata=self._auth,
         )
-        return response
+        return Health.from_proto(reply)
 
-    async def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
+    async def info(self, *, timeout: float | None = None) -> Info:
         """Server, devices, providers and models."""
-        response: pb.InfoResponse = await self._stub.Info(
-            pb.InfoRequest(), timeout=self._deadline(timeout), metadata=self._auth
+        reply: pb.InfoResponse = await _unary(
+            self._stub.Info, pb.InfoRequest(), timeout=self._deadline(timeout), metadata=self._auth
         )
-        return response
+        return Info.from_proto(reply)
 
     async def close(self) -> None:
         """Close the channel."""

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,11 @@ import grpc
 import numpy as np
 from google.protobuf.json_format import MessageToDict
 
-from tensord.dtypes import DType
-from tensord.v1 import inference_pb2 as pb
-from tensord_client._common import DEFAULT_TARGET, TLSOptions
+from tensord_client._common import DEFAULT_TARGET, TARGET_ENV, TLSOptions, default_target
 from tensord_client.client import Client
+from tensord_client.dtypes import DType
+from tensord_client.errors import DeadlineExceeded, NotFound, Unavailable
+from tensord_client.results import Health, ModelInfo, ModelState, TensorSpec
 
 
 def _to_dict(message: Any) -> dict[str, Any]:
@@ -42,33 +44,47 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _serving(reply: Health, model: str | None) -> bool:
+    if model:  # as grpc.health.v1 says of tensord.model.<name>: some version is READY
+        return reply.serving and any(m.state is ModelState.READY for m in reply.models)
+    return reply.serving
+
+
+_POLL_S = 0.25
+
+
+def _health_within(client: Client, model: str | None, wait: float) -> Health:
+    """Health, asked again until the server (and the model) serves or `wait` seconds pass.
+    Meanwhile a daemon still starting (UNAVAILABLE), or a model it has not found yet
+    (NOT_FOUND, before a reload picks it up), is waited for too."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            reply = client.health(model or "")
+        except (Unavailable, NotFound, DeadlineExceeded):
+            if time.monotonic() + _POLL_S > deadline:
+                raise
+        else:
+            if _serving(reply, model) or time.monotonic() + _POLL_S > deadline:
+                return reply
+        time.sleep(_POLL_S)
+
+
 def cmd_health(client: Client, args: argparse.Namespace) -> int:
     """Print server and model health; exit 1 unless the server is serving."""
-    reply = client.health(args.model or "")
+    reply = _health_within(client, args.model, args.wait)
     if args.json:
-        print(json.dumps(_to_dict(reply), indent=2))
+        print(json.dumps(_to_dict(reply.proto), indent=2))
     else:
-        print(f"server: {pb.ServingStatus.Name(reply.status).removeprefix('SERVING_STATUS_')}")
-        rows = [
-            [
-                m.name,
-                str(m.version),
-                pb.ModelState.Name(m.state).removeprefix("MODEL_STATE_"),
-                m.reason,
-            ]
-            for m in reply.models
-        ]
+        print(f"server: {reply.status}")
+        rows = [[m.name, str(m.version), m.state, m.reason] for m in reply.models]
         print(_table(rows, ["MODEL", "VERSION", "STATE", "REASON"]))
-    serving = reply.status == pb.SERVING_STATUS_SERVING
-    if args.model:  # as grpc.health.v1 says of tensord.model.<name>: some version is READY
-        serving = serving and any(m.state == pb.MODEL_STATE_READY for m in reply.models)
-    return 0 if serving else 1
+    return 0 if _serving(reply, args.model) else 1
 
 
-def _spec(specs: Any) -> str:
+def _spec(specs: list[TensorSpec]) -> str:
     return ", ".join(
-        f"{s.name}:{pb.DataType.Name(s.dtype).removeprefix('DATA_TYPE_').lower()}"
-        + ("[rank unknown]" if s.unknown_rank else str(list(s.shape)))
+        f"{s.name}:{s.dtype.lower()}" + ("[rank unknown]" if s.unknown_rank else str(s.shape))
         for s in specs
     )
 
@@ -77,7 +93,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> int:
     """Print the server, devices, providers and models."""
     reply = client.info()
     if args.json:
-        print(json.dumps(_to_dict(reply), indent=2))
+        print(json.dumps(_to_dict(reply.proto), indent=2))
         return 0
     r = reply.runtime
     print(
@@ -98,11 +114,15 @@ def cmd_info(client: Client, args: argparse.Namespace) -> int:
         [
             m.name,
             str(m.version),
-            pb.ModelState.Name(m.state).removeprefix("MODEL_STATE_"),
+            m.state,
             m.kind or "predict",
             m.provider,
             str(m.max_batch_size),
-            *(_generator_io(m) if m.HasField("generator") else (_spec(m.inputs), _spec(m.outputs))),
+            *(
+                _generator_io(m)
+                if m.proto.HasField("generator")
+                else (_spec(m.inputs), _spec(m.outputs))
+            ),
         ]
         for m in reply.models
     ]
@@ -115,7 +135,7 @@ def cmd_info(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _generator_io(m: pb.ModelInfo) -> tuple[str, str]:
+def _generator_io(m: ModelInfo) -> tuple[str, str]:
     """A generator's columns: what Generate takes and streams, not its KV tensors (--json
     lists those)."""
     g = m.generator
@@ -136,9 +156,11 @@ def _input_dtypes(client: Client, model: str, version: int) -> dict[str, DType]:
         return {}  # Predict itself reports what is wrong (unknown model, credentials, ...)
     if version:
         models = [m for m in models if m.version == version]
-    ready = [m for m in models if m.state == pb.MODEL_STATE_READY]
+    ready = [m for m in models if m.state is ModelState.READY]
     chosen = max(ready or models, key=lambda m: m.version, default=None)
-    return {s.name: DType(s.dtype) for s in chosen.inputs} if chosen is not None else {}
+    if chosen is None:
+        return {}
+    return {s.name: DType[s.dtype] for s in chosen.inputs if s.dtype in DType.__members__}
 
 
 def _split_spec(spec: str, known: dict[str, DType]) -> tuple[str, str]:
@@ -276,7 +298,6 @@ def cmd_predict(client: Client, args: argparse.Namespace) -> int:
 
 
 _SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
-_FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length"}
 
 
 def cmd_generate(client: Client, args: argparse.Namespace) -> int:
@@ -294,17 +315,17 @@ def cmd_generate(client: Client, args: argparse.Namespace) -> int:
         args.model, args.prompt, token_ids=token_ids, version=args.version, **sampling
     ):
         if args.json:
-            print(json.dumps(_to_dict(chunk)), flush=True)
+            print(json.dumps(_to_dict(chunk.proto)), flush=True)
         else:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
         last = chunk
     if not args.json:
         sys.stdout.write("\n")
-        if last is not None and last.HasField("usage"):
+        if last is not None and last.usage is not None:
             u = last.usage
             print(
-                f"[{_FINISH.get(last.finish_reason, '?')}: {u.prompt_tokens} prompt + "
+                f"[{str(last.finish_reason or '?').lower()}: {u.prompt_tokens} prompt + "
                 f"{u.completion_tokens} generated tokens, first token "
                 f"{u.time_to_first_token_ms:.1f} ms, {u.mean_inter_token_ms:.1f} ms/token]",
                 file=sys.stderr,
@@ -321,11 +342,34 @@ def _token_ids(text: str) -> list[int]:
         ) from None
 
 
+_EXIT_STATUS = """exit status:
+  0    success (health: the server is SERVING, and MODEL, if named, has a READY version)
+  1    an error from the server or the connection (health: not serving, or no answer)
+  2    a mistake in the command line or its files
+  130  interrupted (Ctrl-C)"""
+
+_HEALTH_EXIT_STATUS = """exit status:
+  0  the server is SERVING (and MODEL, if named, has a READY version)
+  1  it is not, or it did not answer (the reason is printed on stderr)
+  2  a mistake in the command line"""
+
+_ENVIRONMENT = f"""environment:
+  {TARGET_ENV}  the daemon to talk to when --target is not given (default {DEFAULT_TARGET})
+  TENSORD_TOKEN   the bearer token when --token is not given"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """tensorctl's arguments."""
-    parser = argparse.ArgumentParser(prog="tensorctl", description="Talk to a tensord daemon.")
+    parser = argparse.ArgumentParser(
+        prog="tensorctl",
+        description="Talk to a tensord daemon.",
+        epilog=f"{_ENVIRONMENT}\n\n{_EXIT_STATUS}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
-        "--target", "-t", default=DEFAULT_TARGET, help=f"HOST:PORT (default {DEFAULT_TARGET})"
+        "--target",
+        "-t",
+        help=f"HOST:PORT of the daemon (default: ${TARGET_ENV}, else {DEFAULT_TARGET})",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline per call in seconds")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -350,8 +394,19 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser(
         "health",
         help="server and model health (exit 1 if the server, or the model named, is not serving)",
+        description="Print the server's status and each model version's state.",
+        epilog=_HEALTH_EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     health.add_argument("model", nargs="?", help="one model only")
+    health.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="ask again until it is serving, for up to SECONDS (a daemon still starting and "
+        "a model not found yet are waited for too)",
+    )
     health.set_defaults(func=cmd_health)
     sub.add_parser("info", help="server, devices, providers and models").set_defaults(func=cmd_info)
     predict = sub.add_parser("predict", help="run a model on tensors")
@@ -405,11 +460,28 @@ def _tls(args: argparse.Namespace) -> TLSOptions | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `tensorctl`: exit 0 on success, 1 for an error from the server or
-    the connection, 2 for a mistake in the command line or its files, 130 on Ctrl-C."""
+    the connection, 2 for a mistake in the command line or its files, 130 on Ctrl-C.
+
+    A reader that leaves early (`tensorctl --json info | head -1`) ends it quietly, with
+    status 1, as the Python documentation's note on SIGPIPE does: the output is flushed
+    here so that a broken pipe shows up here, and stdout then points at /dev/null so that
+    the interpreter's own flush at exit finds nothing to write."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         tls = _tls(args)
-        with Client(args.target, timeout=args.timeout, tls=tls, token=args.token) as client:
+        target = args.target or default_target()
+        with Client(target, timeout=args.timeout, tls=tls, token=args.token) as client:
             return int(args.func(client, args))
     except grpc.RpcError as exc:
         print(f"tensorctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -420,10 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # an array the contract cannot carry
         print(f"tensorctl: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # the reader left: main() ends quietly
     except OSError as exc:  # a TLS file that cannot be read, and the like
-        if isinstance(exc, BrokenPipeError):  # `tensorctl info | head`: the reader left
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
         print(f"tensorctl: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -2,30 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 
-from tensord.v1 import inference_pb2 as pb
-from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client._common import (
-    DEFAULT_TARGET,
     TLSOptions,
     auth_metadata,
     channel_options,
+    default_target,
     generate_request,
     metadata,
     predict_outputs,
     predict_request,
 )
+from tensord_client.errors import from_rpc_error
+from tensord_client.results import GenerateChunk, Health, Info
+from tensord_client.v1 import inference_pb2 as pb
+from tensord_client.v1 import inference_pb2_grpc as pb_grpc
+
+Reply = TypeVar("Reply")
 
 
-def _chunks(call: Any) -> Iterator[pb.GenerateResponse]:
+def _unary(method: Callable[..., Reply], request: Any, **kwargs: Any) -> Reply:
+    """Call a unary method; a failure raises its typed error (tensord_client.errors)."""
     try:
-        yield from call
+        return method(request, **kwargs)
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
+
+
+def _chunks(call: Any) -> Iterator[GenerateChunk]:
+    try:
+        for response in call:
+            yield GenerateChunk.from_proto(response)
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from None
     finally:
         call.cancel()  # a reader that stops early frees the server's sequence at once
 
@@ -33,22 +48,25 @@ def _chunks(call: Any) -> Iterator[pb.GenerateResponse]:
 class Client:
     """A connection to one tensord (or a load-balanced target list).
 
-    `timeout` is the default deadline in seconds for each call (None: no deadline).
-    Calls that fail with UNAVAILABLE are retried up to `retries` times (at most 4, gRPC's
-    own limit) by gRPC itself; a Generate stream is retried only before its first chunk.
-    `token` is sent as `authorization: Bearer <token>` on every call. With
+    `target` is HOST:PORT (any gRPC target); left out, it is $TENSORD_TARGET, else
+    127.0.0.1:50051. `timeout` is the default deadline in seconds for each call (None: no
+    deadline). Calls that fail with UNAVAILABLE are retried up to `retries` times (at most
+    4, gRPC's own limit) by gRPC itself; a Generate stream is retried only before its first
+    chunk. `token` is sent as `authorization: Bearer <token>` on every call. With
     `round_robin=True` and a target such as `ipv4:10.0.0.1:50051,10.0.0.2:50051` (or a DNS
     name with several addresses), calls are spread over every daemon and those not
     reporting SERVING on grpc.health.v1 are skipped (gRPC's health checks carry no
     token: the daemons must keep `[auth] open_health = true`, the default).
-    Errors surface as grpc.RpcError with the server's status code and message;
-    `tensord_client.retry_after(error)` gives a rate limit's wait in seconds. An array
-    whose dtype the contract cannot carry raises ValueError before anything is sent.
+
+    A failed call raises the tensord_client.errors class of its status (NotFound,
+    InvalidArgument, Unavailable, ResourceExhausted with `retry_after`, ...), all of them
+    TensordError and grpc.RpcError. An array whose dtype the contract cannot carry raises
+    ValueError before anything is sent.
     """
 
     def __init__(
         self,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         *,
         timeout: float | None = 30.0,
         tls: TLSOptions | None = None,
@@ -57,11 +75,12 @@ class Client:
         round_robin: bool = False,
         options: Iterable[tuple[str, object]] = (),
     ) -> None:
+        self.target = target or default_target()
         opts = channel_options(retries, tls, options, round_robin)
         self._channel = (
-            grpc.secure_channel(target, tls.credentials(), options=opts)
+            grpc.secure_channel(self.target, tls.credentials(), options=opts)
             if tls is not None
-            else grpc.insecure_channel(target, options=opts)
+            else grpc.insecure_channel(self.target, options=opts)
         )
         self._stub = pb_grpc.InferenceServiceStub(self._channel)
         self.timeout = timeout
@@ -103,10 +122,14 @@ class Client:
         request_id: str | None = None,
         typed: bool = False,
     ) -> pb.PredictResponse:
-        """Predict, returning the whole response message (version, timing)."""
+        """Predict, returning the whole response message (version, timing);
+        `tensord_client.predict_outputs(reply)` decodes its tensors."""
         request = predict_request(model, inputs, version, outputs, typed)
-        response: pb.PredictResponse = self._stub.Predict(
-            request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
+        response: pb.PredictResponse = _unary(
+            self._stub.Predict,
+            request,
+            timeout=self._deadline(timeout),
+            metadata=metadata(request_id, self._auth),
         )
         return response
 
@@ -120,30 +143,36 @@ class Client:
         timeout: float | None = None,
         request_id: str | None = None,
         **sampling: Any,
-    ) -> Iterator[pb.GenerateResponse]:
+    ) -> Iterator[GenerateChunk]:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...).
 
         The call starts here (its deadline counts from now, and bad arguments raise here).
-        Stopping the iteration early, or closing or dropping the iterator, cancels it."""
+        Stopping the iteration early, or closing or dropping the iterator, cancels it.
+        The last chunk carries `finish_reason` ("STOP" or "LENGTH") and `usage`; a stream
+        that fails part-way raises its typed error after the chunks already received."""
         request = generate_request(model, prompt, token_ids, version, sampling)
         call = self._stub.Generate(
             request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
         return _chunks(call)
 
-    def health(self, model: str = "", *, timeout: float | None = None) -> pb.HealthResponse:
-        """Server and model health."""
-        response: pb.HealthResponse = self._stub.Health(
-            pb.HealthRequest(model=model), timeout=self._deadline(timeout), metadata=self._auth
+    def health(self, model: str = "", *, timeout: float | None = None) -> Health:
+        """Server and model health: `status` "SERVING" or "NOT_SERVING", each model
+        version's `state` ("READY", "LOADING", "FAILED", ...)."""
+        reply: pb.HealthResponse = _unary(
+            self._stub.Health,
+            pb.HealthRequest(model=model),
+            timeout=self._deadline(timeout),
+            metadata=self._auth,
         )
-        return response
+        return Health.from_proto(reply)
 
-    def info(self, *, timeout: float | None = None) -> pb.InfoResponse:
+    def info(self, *, timeout: float | None = None) -> Info:
         """Server, devices, providers and models."""
-        response: pb.InfoResponse = self._stub.Info(
-            pb.InfoRequest(), timeout=self._deadline(timeout), metadata=self._auth
+        reply: pb.InfoResponse = _unary(
+            self._stub.Info, pb.InfoRequest(), timeout=self._deadline(timeout), metadata=self._auth
         )
-        return response
+        return Info.from_proto(reply)
 
     def close(self) -> None:
         """Close the channel."""

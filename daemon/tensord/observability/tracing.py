@@ -105,7 +105,7 @@ def build_tracer(settings: TracingSettings, exporter: Any = None) -> RpcTracer |
         log.warning(
             "tracing.unavailable",
             reason=f"OpenTelemetry is not installed ({exc.name or exc}); "
-            "install the otel extra: pip install 'tensord[otel]'",
+            'install the otel extra from the clone: pip install -e ".[otel]"',
         )
         return None
     log.info(

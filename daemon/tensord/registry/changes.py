@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tensord.registry.model_config import ModelConfig
 from tensord.registry.repository import VersionSource
 
 if TYPE_CHECKING:
@@ -23,6 +24,9 @@ class ReloadPlan:
     kept: list[tuple[ModelVersion, str]] = field(default_factory=list)
     """Served versions of a directory that could not be scanned as a whole (its model.toml
     does not read, say), with the reason: they serve on as they are."""
+    retagged: list[tuple[VersionSource, ModelVersion]] = field(default_factory=list)
+    """Unchanged versions whose model.toml changed only in keys applied in place
+    (LIVE_MODEL_KEYS): the reload gives them the new settings without loading them."""
     unchanged: int = 0
 
 
@@ -39,6 +43,11 @@ class RepositoryChanges:
     unchanged: int = 0
 
 
+LIVE_MODEL_KEYS = ("required",)
+"""model.toml keys that say how the daemon judges a model, not how it loads or runs it: a
+change to them alone does not load the model again."""
+
+
 def label(name: str, version: int) -> str:
     """ "mlp v2"."""
     return f"{name} v{version}"
@@ -52,9 +61,14 @@ def needs_reload(src: VersionSource, entry: ModelVersion) -> bool:
         entry.state is ModelState.FAILED
         or bool(src.error)
         or src.path != entry.path
-        or src.config != entry.config
+        or _loaded_settings(src.config, entry.config) != entry.config
         or src.fingerprint != entry.fingerprint
     )
+
+
+def _loaded_settings(new: ModelConfig, running: ModelConfig) -> ModelConfig:
+    """`new` with the running values of LIVE_MODEL_KEYS: what loading the version uses."""
+    return new.model_copy(update={key: getattr(running, key) for key in LIVE_MODEL_KEYS})
 
 
 def plan_reload(
@@ -101,6 +115,8 @@ def plan_reload(
             plan.changed.append((src, entry))
         else:
             plan.unchanged += 1
+            if src.config != entry.config:
+                plan.retagged.append((src, entry))
     for name, versions in served.items():
         for version, entry in versions.items():
             if (name, version) not in seen:

@@ -128,6 +128,11 @@ class ModelConfig(Settings):
     no absolute path, no `..`)."""
     versions: list[int] = Field(default_factory=list)
     """Version directories to serve; empty serves every numbered directory."""
+    required: bool = False
+    """The daemon's health says NOT_SERVING while this model has no READY version, even
+    when others serve (with the daemon's `[server] ready_when = "any_model"`, the default;
+    `"all_models"` requires every model and `"always"` none). A reload applies a change to
+    it without loading the model again."""
     preferred_provider: str | None = None
     """An execution provider to try first, when this host has it (e.g. "cuda")."""
     providers: list[str] = Field(default_factory=list)

@@ -18,7 +18,13 @@ from tensord.access import may_see
 from tensord.backends.base import Backend, BackendPlacement, DeviceOptions, TensorSpec
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.dtypes import DType
-from tensord.errors import DeviceLostError, ModelLoadError, NotFoundError, UnavailableError
+from tensord.errors import (
+    DeviceLostError,
+    FailedPreconditionError,
+    ModelLoadError,
+    NotFoundError,
+    UnavailableError,
+)
 from tensord.executor.base import Executor
 from tensord.executor.select import build_executor, build_tensorrt_executor
 from tensord.executor.split import run_splitting_on_oom
@@ -27,7 +33,7 @@ from tensord.processing.wrap import served_signature, with_processing
 from tensord.registry.changes import RepositoryChanges, label, plan_reload
 from tensord.registry.inflight import InflightCounter
 from tensord.registry.model_config import ModelConfig
-from tensord.registry.repository import Fingerprint, VersionSource, scan_repository
+from tensord.registry.repository import Fingerprint, VersionSource, read_repository
 from tensord.registry.signature import check_batching
 
 if TYPE_CHECKING:
@@ -136,7 +142,7 @@ class ModelRegistry:
 
     async def load_all(self) -> None:
         """Scan the repository and load every version concurrently on worker threads."""
-        sources = await asyncio.to_thread(scan_repository, self.repository, self.follow_symlinks)
+        sources = await self._scan()
         entries = [ModelVersion.from_source(src) for src in sources]
         for entry in entries:
             self._models.setdefault(entry.name, {})[entry.version] = entry
@@ -144,6 +150,17 @@ class ModelRegistry:
         await asyncio.gather(
             *(self._load(entry, src.error) for entry, src in zip(entries, sources, strict=True))
         )
+
+    async def _scan(self) -> list[VersionSource]:
+        """Scan the repository on a worker thread; log each entry that is not served."""
+        found = await asyncio.to_thread(read_repository, self.repository, self.follow_symlinks)
+        for skipped in found.skipped:
+            (log.warning if skipped.notable else log.info)(
+                "repository.skipped",
+                entry=_relative(skipped.path, self.repository),
+                reason=skipped.reason,
+            )
+        return found.sources
 
     async def _load(self, entry: ModelVersion, error: str = "") -> None:
         """Load one entry (in the registry or not yet) and set its state: READY or FAILED."""
@@ -176,7 +193,7 @@ class ModelRegistry:
         """
         if repository is not None:
             self.repository = repository
-        sources = await asyncio.to_thread(scan_repository, self.repository, self.follow_symlinks)
+        sources = await self._scan()
         plan = plan_reload(self._models, sources)
         changes = RepositoryChanges(unchanged=plan.unchanged)
         added = [ModelVersion.from_source(src) for src in plan.added]
@@ -191,6 +208,8 @@ class ModelRegistry:
                 kept="the version loaded before",
             )
             changes.failed.append(label(entry.name, entry.version))
+        for src, entry in plan.retagged:  # only keys such as `required` changed
+            entry.config = src.config
         for entry in plan.removed:
             entry.state = ModelState.UNLOADING
             changes.removed.append(label(entry.name, entry.version))
@@ -322,8 +341,11 @@ class ModelRegistry:
         known = ", ".join(n for n in self.names() if may_see(n)) or "none"
         return NotFoundError(f"model {name!r} not found; models: {known}")
 
-    def get(self, name: str, version: int = 0) -> ModelVersion:
-        """The version to serve; NOT_FOUND for unknown names/versions, UNAVAILABLE if not ready."""
+    def get(self, name: str, version: int = 0, redact: Callable[[str], str] = str) -> ModelVersion:
+        """The version to serve (version 0: the newest READY one). NOT_FOUND for unknown
+        names and versions; UNAVAILABLE while it loads or unloads (clients retry);
+        FAILED_PRECONDITION when it failed to load, with the reason as `redact` shows it to
+        this caller (clients do not retry: it stays FAILED until a reload fixes it)."""
         versions = self._models.get(name)
         if versions is None:
             raise self._not_found(name)
@@ -335,13 +357,16 @@ class ModelRegistry:
                     f"{', '.join(str(v) for v in sorted(versions))} (0 means the newest ready)"
                 )
             if entry.state is not ModelState.READY:
-                raise UnavailableError(_not_ready(entry))
+                raise not_ready_error(entry, redact)
             return entry
         newest = max(
             (v for v, mv in versions.items() if mv.state is ModelState.READY), default=None
         )
         if newest is None:
-            raise UnavailableError(_not_ready(versions[max(versions)]))
+            # A version still loading (or unloading) is worth a retry; only when every
+            # version failed is the answer final.
+            settling = [v for v, mv in versions.items() if mv.state is not ModelState.FAILED]
+            raise not_ready_error(versions[max(settling or versions)], redact)
         return versions[newest]
 
     def terminate_runs(self) -> None:
@@ -378,10 +403,27 @@ async def _free(entry: ModelVersion) -> None:
         await asyncio.to_thread(engine.close)
 
 
-def _not_ready(entry: ModelVersion) -> str:
-    state = entry.state.name
-    detail = f": {entry.reason}" if entry.reason else ""
-    return f"model {entry.name!r} version {entry.version} is {state}{detail}"
+def not_ready_error(
+    entry: ModelVersion, redact: Callable[[str], str] = str
+) -> UnavailableError | FailedPreconditionError:
+    """What a call for a version that is not READY gets: FAILED_PRECONDITION with the
+    reason (`redact` leaves out what this caller may not see) for a version that failed to
+    load, UNAVAILABLE for one that is loading or unloading (transient: clients retry)."""
+    where = f"model {entry.name!r} version {entry.version}"
+    if entry.state is ModelState.FAILED:
+        return FailedPreconditionError(
+            f"{where} is FAILED: {redact(entry.reason)}; it serves again once fixed and "
+            "the daemon reloaded (SIGHUP)"
+        )
+    return UnavailableError(f"{where} is {entry.state.name}; retry shortly")
+
+
+def _relative(path: Path, root: Path) -> str:
+    """`path` as the repository's operators name it: from the repository's root."""
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:

@@ -14,11 +14,20 @@ repository/
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tensord.errors import ModelLoadError
 from tensord.registry.generator_config import GeneratorConfig
+from tensord.registry.layout import (
+    SkippedEntry,
+    is_version_name,
+    model_file_hint,
+    no_versions_hint,
+    subdirectory_skips,
+    top_level_skip,
+)
 from tensord.registry.model_config import (
     MODEL_TOML,
     ModelConfig,
@@ -85,39 +94,70 @@ class VersionSource:
         return self.path.parent
 
 
+@dataclass(slots=True)
+class RepositoryScan:
+    """What a scan found: the model versions, and the entries that are not served."""
+
+    sources: list[VersionSource]
+    """Every model version, sorted by name then version (see read_repository)."""
+    skipped: list[SkippedEntry]
+    """Entries that are no model or no version of one, with why (the registry logs each
+    as `repository.skipped`; `tensord check-config` lists them)."""
+
+
 def scan_repository(root: Path, follow_symlinks: bool = False) -> list[VersionSource]:
-    """Every model version under `root`, sorted by name then version.
+    """Every model version under `root`, sorted by name then version (read_repository's
+    sources)."""
+    return read_repository(root, follow_symlinks).sources
+
+
+def read_repository(root: Path, follow_symlinks: bool = False) -> RepositoryScan:
+    """Every model version under `root`, and every entry that is not one.
 
     A broken model directory yields entries that carry its error, so it is reported
     as FAILED while the others load; so do two directories that claim the same name. A
     model file (or a generator's JSON file) that symlinks lead outside its model's
     directory fails too, unless `follow_symlinks` (the config's follow_model_symlinks).
+    Files at the top, hidden entries and directories with nothing of a model in them are
+    skipped, as are subdirectories of a model that are not one of its versions.
     """
     if not root.is_dir():
         raise ModelLoadError(f"model repository {root} is not a directory")
     try:
-        model_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        entries = sorted(root.iterdir())
     except OSError as exc:
         raise ModelLoadError(f"model repository {root}: cannot list: {exc}") from None
     found: list[VersionSource] = []
-    for model_dir in model_dirs:
-        found.extend(_scan_model(model_dir, follow_symlinks))
+    skipped: list[SkippedEntry] = []
+    for path in entries:
+        skip = top_level_skip(path)
+        if skip is not None:
+            skipped.append(skip)
+            continue
+        found.extend(_scan_model(path, follow_symlinks, skipped))
     found = _refuse_shared_names(found)
-    return sorted(found, key=lambda src: (src.name, src.version))
+    return RepositoryScan(sorted(found, key=lambda src: (src.name, src.version)), skipped)
 
 
-def _scan_model(model_dir: Path, follow_symlinks: bool) -> list[VersionSource]:
-    """The versions of one model directory; one whole-model entry if it cannot be used."""
+def _scan_model(
+    model_dir: Path, follow_symlinks: bool, skipped: list[SkippedEntry]
+) -> list[VersionSource]:
+    """The versions of one model directory; one whole-model entry if it cannot be used.
+    Its subdirectories that serve no version go to `skipped`."""
     try:
         config = read_model_config(model_dir)
     except ModelLoadError as exc:
         return [_whole_model_failure(model_dir, model_dir.name, ModelConfig(), str(exc))]
     name = config.name or model_dir.name
     try:
-        return _scan_versions(model_dir, name, config, follow_symlinks)
+        sources = _scan_versions(model_dir, name, config, follow_symlinks)
     except OSError as exc:
         reason = f"{model_dir}: cannot read: {exc}"
         return [_whole_model_failure(model_dir, name, config, reason)]
+    served = {src.directory for src in sources} | {model_dir / str(s.version) for s in sources}
+    with contextlib.suppress(OSError):  # what cannot be read, the versions' reasons say
+        skipped += subdirectory_skips(model_dir, served, config.versions)
+    return sources
 
 
 def _whole_model_failure(
@@ -143,7 +183,7 @@ def _scan_versions(
         reason = (
             f"{model_dir}: no version directories (1/, 2/, ...) holding {config.model_file}, "
             f"and no {config.model_file} beside model.toml"
-        )
+        ) + no_versions_hint(model_dir, config.model_file)
         return [VersionSource(name, 1, model_dir, config, reason, (), model_dir)]
     sources = []
     for version in wanted:
@@ -158,6 +198,8 @@ def _scan_versions(
             continue
         path = directory / config.model_file
         error = _model_file_problem(path, model_dir, follow_symlinks)
+        if error and not path.exists() and not path.is_symlink():
+            error += model_file_hint(directory, config.model_file, model_dir)
         if not error and config.kind == "generator":
             error = _generator_problem(directory, config.model_file, model_dir, follow_symlinks)
         sources.append(
@@ -175,7 +217,7 @@ def _version_dirs(model_dir: Path) -> tuple[dict[int, Path], dict[int, str]]:
     """
     numbered: dict[int, list[str]] = {}
     for path in sorted(model_dir.iterdir()):
-        if path.is_dir() and path.name.isascii() and path.name.isdecimal():
+        if path.is_dir() and is_version_name(path.name):
             numbered.setdefault(int(path.name), []).append(path.name)
     on_disk, refused = {}, {}
     for version, names in numbered.items():

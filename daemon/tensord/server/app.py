@@ -13,14 +13,14 @@ from typing import Any
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2
+from grpc_health.v1 import health
 
 from tensord import __version__, heap
 from tensord.backends.base import DeviceOptions
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.devices import probe_gpus
-from tensord.errors import DeviceLostError, NotFoundError, UnavailableError
+from tensord.errors import DeviceLostError, UnavailableError
 from tensord.eventloop import running_loop_name
 from tensord.observability import Observability
 from tensord.registry.registry import (
@@ -29,7 +29,7 @@ from tensord.registry.registry import (
     ModelState,
     default_backend_factory,
 )
-from tensord.server.health import HealthServicer, add_health_servicer
+from tensord.server.health import HealthPublisher, HealthServicer, add_health_servicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reflection import SERVICE_NAME as REFLECTION_SERVICE_NAME
 from tensord.server.reflection import ReflectionServicer, add_reflection_servicer
@@ -49,11 +49,12 @@ log = structlog.get_logger("tensord.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 MODEL_HEALTH_PREFIX = "tensord.model."
-_SERVING = health_pb2.HealthCheckResponse.SERVING
-_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _REPLY_LINGER_S = 0.2
 """After the last handler of a drain returns: time for its reply to leave before gRPC
-stops and closes the connections."""
+stops and closes the connections, plus the replies' bytes at _REPLY_BYTES_PER_S."""
+_REPLY_BYTES_PER_S = 32 * 1024 * 1024
+"""A pace a busy host's loopback or a slow client keeps up with (replies of tens of MiB
+returned during the drain get a second or two more)."""
 EXIT_DEVICE_LOST = 75
 """Exit status after a sticky device error (EX_TEMPFAIL): Restart=on-failure starts anew."""
 
@@ -81,10 +82,16 @@ class TensordServer:
         )
         self.registry.follow_symlinks = config.follow_model_symlinks
         self.dataplane = DataPlane(self.registry)
+        self.dataplane.ready_when = config.server.ready_when
         self.dataplane.on_device_lost = self.registry.on_device_lost = self._device_lost
         self.health = HealthServicer(MODEL_HEALTH_PREFIX)
         self._health_tasks: set[asyncio.Task[None]] = set()
-        self._announced: set[str] = set()
+        self._health_publisher = HealthPublisher(
+            self.health,
+            self.dataplane,
+            (SERVICE_NAME,),
+            self._status_changed,
+        )
         self.port = 0
         self.exit_code = 0
         """0 after a normal drain; EXIT_DEVICE_LOST after a sticky device error."""
@@ -126,7 +133,8 @@ class TensordServer:
         add_reflection_servicer(self.reflection, self._server)
 
     async def start(self) -> int:
-        """Listen (health NOT_SERVING), load every model, then report SERVING. Returns the port."""
+        """Listen (health NOT_SERVING), load every model, then report health by the
+        readiness policy ([server] ready_when) and tell systemd READY=1. Returns the port."""
         await self._sync_health()
         listen = self.config.server.listen
         try:
@@ -166,7 +174,18 @@ class TensordServer:
         self._settle_heap()  # before the first request: nobody waits on it
         self.dataplane.serving = True
         await self._sync_health()
-        log.info("server.ready", port=self.port, **self.model_counts())
+        # READY=1 means "started": systemd accepts `systemctl reload` (the way to fix a
+        # broken model) only from an active unit, and a unit that never says READY=1 is
+        # killed at TimeoutStartSec and restarted, which mends no model file. Whether the
+        # daemon serves is health's to say (and the STATUS= line's).
+        readiness = self.dataplane.readiness()
+        log.info(
+            "server.ready",
+            port=self.port,
+            health="SERVING" if readiness.ready else "NOT_SERVING",
+            ready_when=self.dataplane.ready_when,
+            **self.model_counts(),
+        )
         self.notifier.ready(self.status_line())
         self._started.set()
         return self.port
@@ -185,11 +204,15 @@ class TensordServer:
         return counts
 
     def status_line(self) -> str:
-        """The STATUS= line systemd shows: state, port and model counts."""
+        """The STATUS= line systemd shows: state (and why not serving), port, model counts."""
         counts = self.model_counts()
-        state = "serving" if self.dataplane.serving else "not serving"
+        readiness = self.dataplane.readiness()
+        state = "serving" if readiness.ready else f"not serving ({readiness.reason})"
         detail = ", ".join(f"{n} {name}" for name, n in counts.items() if n)
         return f"{state} on port {self.port}: {detail or 'no models'}"
+
+    def _status_changed(self) -> None:
+        self.notifier.status(self.status_line())
 
     def add_reload_hook(self, hook: ReloadHook) -> None:
         """Run `hook(new_config)` (plain or async) on every reload, before the models are
@@ -229,6 +252,10 @@ class TensordServer:
         self._reload_queued = True
         self._spawn(self._reload_when_started())
 
+    async def wait_started(self) -> None:
+        """Until start-up is over: the port bound and every model loaded or failed."""
+        await self._started.wait()
+
     async def _reload_when_started(self) -> None:
         await self._started.wait()
         if not self._stop_requested.is_set():
@@ -260,6 +287,7 @@ class TensordServer:
         loop = asyncio.get_running_loop()
         ends = loop.time() + grace
         log.info("server.draining", grace_s=grace)
+        self._calls.draining = True  # count the replies still to leave from now on
         self._stop_requested.set()
         self.notifier.stopping(f"draining: in-flight calls get {grace:g} s")
         self.dataplane.serving = False
@@ -295,7 +323,8 @@ class TensordServer:
             return max(0.0, ends - loop.time())
 
         if self._calls.count and await self._calls.wait_idle(left()):
-            await asyncio.sleep(min(_REPLY_LINGER_S, left()))
+            linger = _REPLY_LINGER_S + self._calls.drain_reply_bytes / _REPLY_BYTES_PER_S
+            await asyncio.sleep(min(linger, left()))
         self._intake.stop()  # health calls still waiting for their message end too
         await self._server.stop(left())
         end_streams.cancel()
@@ -318,6 +347,7 @@ class TensordServer:
 
     def _apply_limits(self, config: TensordConfig) -> None:
         self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens
+        self.dataplane.ready_when = config.server.ready_when
         self.registry.follow_symlinks = config.follow_model_symlinks
         self._intake.limits = config.limits
 
@@ -372,21 +402,4 @@ class TensordServer:
         self._spawn(self._sync_health())
 
     async def _sync_health(self) -> None:
-        """Keep grpc.health.v1 in step with the data plane: overall, service, per model."""
-        serving = self.dataplane.serving
-        overall = _SERVING if serving else _NOT_SERVING
-        await self.health.set("", overall)
-        await self.health.set(SERVICE_NAME, overall)
-        names = self.registry.names()
-        for name in names:
-            try:
-                versions = self.registry.get_versions(name)
-            except NotFoundError:  # removed by a reload while this ran
-                versions = []
-            ready = any(mv.state is ModelState.READY for mv in versions)
-            await self.health.set(
-                MODEL_HEALTH_PREFIX + name, _SERVING if serving and ready else _NOT_SERVING
-            )
-        for name in self._announced.difference(names):  # removed by a reload
-            await self.health.set(MODEL_HEALTH_PREFIX + name, _NOT_SERVING)
-        self._announced.update(names)
+        await self._health_publisher.sync()

@@ -66,6 +66,11 @@ class CallsInFlight:
 
     def __init__(self) -> None:
         self.count = 0
+        self.draining = False
+        """Set when the drain begins: from then on the replies' sizes are counted."""
+        self.drain_reply_bytes = 0
+        """Bytes of the unary replies returned since the drain began (the drain gives them
+        time to leave before gRPC closes the connections)."""
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -290,6 +295,8 @@ def unary_rpc(
                 with _admitted(self, rpc, raw, look):
                     request = await self.intake.parse(message_type, raw)
                     response = await method(self, request, context, rid)
+                    if self.calls.draining:
+                        self.calls.drain_reply_bytes += response.ByteSize()
             except asyncio.CancelledError:
                 _cancelled(self, rpc, request, start, rid, context)
                 raise

@@ -1,5 +1,6 @@
-"""grpc.health.v1 with a drain that does not wait on Watch streams, and per-model services
-that a token sees only for its own models.
+"""grpc.health.v1 with a drain that does not wait on Watch streams, per-model services
+that a token sees only for its own models, and the publisher that keeps it in step with the
+data plane.
 
 A Watch stream never ends by itself, so a server that stops with a grace period would
 hold every open one for the whole grace. Here, once the drain has told watchers
@@ -14,15 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+import structlog
 from grpc_health.v1 import health, health_pb2
 
 from tensord.access import may_probe, may_see
+from tensord.dataplane import DataPlane
+from tensord.errors import NotFoundError
+from tensord.registry.readiness import Readiness
+from tensord.registry.registry import ModelState
 from tensord.server.intake import Intake, bounded_handlers
 
+log = structlog.get_logger("tensord.server")
+
 SERVICE = "grpc.health.v1.Health"
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class HealthServicer(health.aio.HealthServicer):
@@ -31,14 +42,15 @@ class HealthServicer(health.aio.HealthServicer):
     def __init__(self, model_prefix: str = "tensord.model.") -> None:
         super().__init__()
         self._closing = asyncio.Event()
-        self._model_prefix = model_prefix
+        self.model_prefix = model_prefix
+        """The prefix of each model's service name."""
 
     async def _hide(self, request: health_pb2.HealthCheckRequest, context: Any) -> None:
         """NOT_FOUND for another token's model's service (an anonymous caller may probe any
         model it names: load balancers do, without a token)."""
         service = request.service
-        if service.startswith(self._model_prefix) and not may_probe(
-            service[len(self._model_prefix) :]
+        if service.startswith(self.model_prefix) and not may_probe(
+            service[len(self.model_prefix) :]
         ):
             await context.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
 
@@ -68,7 +80,7 @@ class HealthServicer(health.aio.HealthServicer):
         models the caller may not learn about (all of them, for an anonymous caller)."""
         reply = health_pb2.HealthListResponse()
         for service, status in self._server_status.items():
-            prefix = self._model_prefix
+            prefix = self.model_prefix
             if service.startswith(prefix) and not may_see(service[len(prefix) :]):
                 continue
             reply.statuses[service].status = status
@@ -77,6 +89,73 @@ class HealthServicer(health.aio.HealthServicer):
     def close_watches(self) -> None:
         """End every Watch stream, open or yet to come (at the drain, after NOT_SERVING)."""
         self._closing.set()
+
+
+class HealthPublisher:
+    """Sets the statuses grpc.health.v1 reports: the server's ("" and each of `services`)
+    by the readiness policy, each model's (`<prefix><name>`) SERVING while it has a READY
+    version and calls are taken. Logs the server's verdict when it turns."""
+
+    def __init__(
+        self,
+        servicer: HealthServicer,
+        dataplane: DataPlane,
+        services: Sequence[str],
+        status_changed: Callable[[], None],
+    ) -> None:
+        self._servicer = servicer
+        self._dataplane = dataplane
+        self._services = ("", *services)
+        self._status_changed = status_changed
+        """Called when the verdict turns after start-up (the server updates systemd's
+        STATUS= line)."""
+        self._announced: set[str] = set()
+        self._said: Readiness | None = None
+        """The verdict last published once calls were taken."""
+
+    async def sync(self) -> None:
+        """Publish the current statuses (after every change of a model's state, a reload,
+        the start and the drain)."""
+        dataplane, servicer = self._dataplane, self._servicer
+        readiness = dataplane.readiness()
+        self._tell(readiness)
+        overall = _SERVING if readiness.ready else _NOT_SERVING
+        for service in self._services:
+            await servicer.set(service, overall)
+        registry, prefix = dataplane.registry, servicer.model_prefix
+        names = registry.names()
+        for name in names:
+            try:
+                versions = registry.get_versions(name)
+            except NotFoundError:  # removed by a reload while this ran
+                versions = []
+            ready = dataplane.serving and any(mv.state is ModelState.READY for mv in versions)
+            await servicer.set(prefix + name, _SERVING if ready else _NOT_SERVING)
+        for name in self._announced.difference(names):  # removed by a reload
+            await servicer.set(prefix + name, _NOT_SERVING)
+        self._announced.update(names)
+
+    def _tell(self, readiness: Readiness) -> None:
+        """Once calls are taken, log the verdict when it turns (and at first when it is
+        NOT_SERVING, with the reason), and report the turn."""
+        if not self._dataplane.serving:
+            return  # starting or draining: the server logs those itself
+        before, self._said = self._said, readiness
+        if before is not None and before.ready == readiness.ready:
+            return
+        policy = self._dataplane.ready_when
+        if not readiness.ready:
+            log.warning(
+                "server.not_serving",
+                reason=readiness.reason,
+                ready_when=policy,
+                hint="fix the models (Health and the model.failed log lines say why) and "
+                "reload (SIGHUP), or see [server] ready_when",
+            )
+        elif before is not None:
+            log.info("server.serving", ready_when=policy)
+        if before is not None:  # at start-up, READY=1 carries the first STATUS= line
+            self._status_changed()
 
 
 def add_health_servicer(servicer: HealthServicer, server: grpc.aio.Server, intake: Intake) -> None:

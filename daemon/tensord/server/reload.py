@@ -61,14 +61,16 @@ RESTART_ONLY_KEYS = (
 
 # Dotted keys a reload applies: read where they are used from the config in force
 # (model_repository, the drain settings), set by apply_live_settings, or handed to a reload
-# hook (the server's limits; Security re-reads the TLS files and the token file with the
-# [auth] settings). Every key is in exactly one of these two lists (a test checks it).
+# hook (the server's limits and readiness policy; Security re-reads the TLS files and the
+# token file with the [auth] settings). Every key is in exactly one of these two lists (a
+# test checks it).
 LIVE_KEYS = (
     "model_repository",
     "follow_model_symlinks",
     "server.drain_grace_seconds",
     "server.drain_delay_seconds",
     "server.switch_interval_us",
+    "server.ready_when",
     "limits.max_prompt_tokens",
     "limits.max_tensors_per_request",
     "limits.max_request_fields",
