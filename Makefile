@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-PIP_PROGRESS := $(PY) -m pip --disable-pip-version-check --progress-bar on
+PIP_PROGRESS := $(PY) -m pip --disable-pip-version-check
 DEMO_REPO ?= build/demo-models
 ARGS ?=
 SOAK_ARGS ?=
@@ -39,14 +39,14 @@ $(PY):
 $(VENV)/.setup-cpu: pyproject.toml clients/python/pyproject.toml | $(PY)
 	@echo "tensord: installing what serving on the CPU needs into $(VENV) (ONNX Runtime, gRPC, NumPy, ...)"
 	$(PY) -m pip uninstall -y -q onnxruntime-gpu 2>/dev/null || true
-	$(PIP_PROGRESS) install -e clients/python -e ".[cpu]"
+	$(PIP_PROGRESS) install --progress-bar on -e clients/python -e ".[cpu]"
 	rm -f $(VENV)/.setup-gpu
 	touch $@
 
 $(VENV)/.setup-gpu: pyproject.toml clients/python/pyproject.toml | $(PY)
 	@echo "tensord: installing what serving on a GPU needs into $(VENV) (onnxruntime-gpu, CUDA bindings, NVRTC, ...)"
 	$(PY) -m pip uninstall -y -q onnxruntime 2>/dev/null || true
-	$(PIP_PROGRESS) install -e clients/python -e ".[gpu]"
+	$(PIP_PROGRESS) install --progress-bar on -e clients/python -e ".[gpu]"
 	rm -f $(VENV)/.setup-cpu
 	touch $@
 
