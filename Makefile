@@ -104,7 +104,7 @@ systemd-tools:
 				apt-get install -y -qq --no-install-recommends systemd; \
 		else echo "systemd-analyze is missing: apt-get install systemd (as root)"; fi; }
 
-$(DEMO_REPO)/.built: $(SETUP_STAMP) daemon/tensord/demo.py $(wildcard daemon/tensord/generate/demo_*.py)
+$(DEMO_REPO)/.built: $(SETUP_STAMP) $(wildcard daemon/tensord/demo/*.py)
 	$(VENV)/bin/tensord demo-repo --force $(DEMO_REPO)
 	touch $@
 

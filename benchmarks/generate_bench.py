@@ -44,8 +44,8 @@ from servers import start_tensord
 from stats import percentile
 
 from tensord.eventloop import run
-from tensord.generate.model_dir import GeneratorSpec, read_generator_spec
-from tensord.registry.generator_config import GeneratorConfig
+from tensord.generate.model.model_dir import GeneratorSpec, read_generator_spec
+from tensord.modelconfig.generator import GeneratorConfig
 from tensord.registry.repository import scan_repository
 from tensord.v1 import inference_pb2 as pb
 from tensord_client import AsyncClient

@@ -50,8 +50,8 @@ from procs import BENCH_DIR, ProcessGroup, exit_on_signals
 from servers import start_tensord
 
 from tensord.eventloop import run
-from tensord.generate.model_dir import read_generator_spec
-from tensord.registry.generator_config import GeneratorConfig
+from tensord.generate.model.model_dir import read_generator_spec
+from tensord.modelconfig.generator import GeneratorConfig
 from tensord_client import AsyncClient
 
 REPO = use_venv.REPO

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from tensord.generate.model_dir import GeneratorSpec, read_generator_spec
+from tensord.generate.model.model_dir import GeneratorSpec, read_generator_spec
 
 DEFAULT_MODEL = Path("build/demo-models/tinylm")
 

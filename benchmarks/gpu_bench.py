@@ -34,10 +34,10 @@ import numpy as np
 import use_venv
 from cuda.bindings import runtime as cudart
 
+from tensord.cuda.memory import PinnedHostPool
+from tensord.cuda.runtime import check
 from tensord.devices import probe_gpus
 from tensord.executor.cuda.executor import CudaExecutor
-from tensord.executor.cuda.pools import PinnedHostPool
-from tensord.executor.cuda.runtime import check
 
 sys.path.insert(0, str(use_venv.REPO))
 from tests.gpu.kernel_backend import KernelBackend, kernel_function, launch

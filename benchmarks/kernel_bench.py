@@ -52,7 +52,7 @@ class Bench:
     def __init__(self, cache: Path) -> None:
         from cuda.bindings import runtime as cudart
 
-        from tensord.executor.cuda.runtime import check
+        from tensord.cuda.runtime import check
         from tensord.kernels.driver import load_kernels
         from tensord.kernels.sources import FAMILIES
 
@@ -228,7 +228,7 @@ def serve(repo: Path, cache: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def measure_predict(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     """Images/s and latency: GPU preprocessing in the daemon against CPU preprocessing."""
-    from tensord.demo import build_demo_repository
+    from tensord.demo.repository import build_demo_repository
     from tensord.kernels import Normalisation, resize_normalize, softmax_topk
     from tensord_client import Client
 

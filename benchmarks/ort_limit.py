@@ -27,7 +27,7 @@ from payloads import INPUT_NAME, MODEL, OUTPUT_NAME, batch
 from stats import summarize_ns
 
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord.registry.repository import scan_repository
 
 

@@ -139,7 +139,7 @@ def batching_copy(repository: Path, into: Path) -> Path:
 
 def model_settings(repository: Path) -> dict[str, Any]:
     """The mlp's model.toml as the daemon reads it (thread counts, instances, batching)."""
-    from tensord.registry.model_config import read_model_config
+    from tensord.modelconfig.model import read_model_config
 
     settings: dict[str, Any] = read_model_config(repository / MODEL).model_dump(mode="json")
     return settings

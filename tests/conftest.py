@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def demo_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo repository (mlp, cnn), built once per session."""
-    from tensord.demo import build_demo_repository
+    from tensord.demo.repository import build_demo_repository
 
     root = tmp_path_factory.mktemp("demo-models")
     build_demo_repository(root)
@@ -147,7 +147,7 @@ def small_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """mlp and cnn, and mlp_batched (dynamic batching on): cheap to load for many servers."""
     import shutil
 
-    from tensord.demo import build_demo_repository
+    from tensord.demo.repository import build_demo_repository
 
     root = tmp_path_factory.mktemp("small-models")
     build_demo_repository(root)

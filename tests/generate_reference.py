@@ -20,7 +20,7 @@ from types import ModuleType
 import numpy as np
 import onnxruntime as ort
 
-from tensord.generate.model_dir import GeneratorSpec, read_generator_spec
+from tensord.generate.model.model_dir import GeneratorSpec, read_generator_spec
 
 NEAR_TIE = 1e-5
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tensord.generate.demo_tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, build_tokenizer
+from tensord.demo.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, build_tokenizer
 
 VOCAB = 2048
 """The demo tokenizer's vocabulary size."""

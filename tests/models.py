@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tensord.backends.base import Backend
-from tensord.demo import IR_VERSION, OPSET, build_demo_repository
+from tensord.demo.repository import IR_VERSION, OPSET, build_demo_repository
 
 # Every dtype the contract carries, with the ONNX type that holds it.
 IDENTITY_DTYPES: dict[str, int] = {

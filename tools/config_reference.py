@@ -6,7 +6,7 @@ environment variable, whether a reload applies it, and its docstring.
     python tools/config_reference.py --check    exit 1 when the file is stale
 
 Edit the docstrings and defaults in the code (tensord/config.py, config_tables.py,
-registry/model_config.py, registry/generator_config.py, processing/config.py,
+modelconfig/model.py, modelconfig/generator.py, modelconfig/processing.py,
 server/auth.py), then run `make docs`; a test fails while the file is stale.
 """
 
@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT / "daemon"), str(ROOT / "clients" / "python")]
 
 from tensord.cli import _FLAGS  # noqa: E402
 from tensord.config import ENV_PREFIX, TensordConfig  # noqa: E402
-from tensord.registry.model_config import ModelConfig  # noqa: E402
+from tensord.modelconfig.model import ModelConfig  # noqa: E402
 from tensord.server.auth import TokenEntry  # noqa: E402
 from tensord.server.reload import LIVE_KEYS, RESTART_ONLY_KEYS  # noqa: E402
 

@@ -194,7 +194,7 @@ def _print_generator(generator: dict[str, Any]) -> None:
 
 def cmd_demo_repo(args: argparse.Namespace) -> int:
     """Build the demo model repository (mlp, cnn, tinylm) locally."""
-    from tensord.demo import build_demo_repository
+    from tensord.demo.repository import build_demo_repository
 
     written = build_demo_repository(args.path, force=args.force)
     print(f"demo repository at {args.path}: {len(written)} model file(s) written")

@@ -26,15 +26,16 @@ from tensord.errors import (
 )
 from tensord.eventloop import running_loop_name
 from tensord.executor.split import run_splitting_on_oom
-from tensord.generate.engine import GenerationEngine
-from tensord.generate.model_dir import GeneratorDirectory
-from tensord.generate.outputs import RequestOutput
-from tensord.generate.sampling_params import SamplingParams
+from tensord.generate.core.outputs import RequestOutput
+from tensord.generate.core.sampling_params import SamplingParams
+from tensord.generate.engine.engine import GenerationEngine
+from tensord.generate.model.model_dir import GeneratorDirectory
 from tensord.limits import check_prompt_tokens
 from tensord.observability.metrics import GenerationMetrics
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.readiness import Readiness, judge
-from tensord.registry.registry import ModelRegistry, ModelState, ModelVersion
+from tensord.registry.registry import ModelRegistry
+from tensord.registry.version import ModelState, ModelVersion
 
 
 @dataclass(slots=True)

@@ -42,3 +42,11 @@ def parse(name: str) -> DType:
     except KeyError:
         names = ", ".join(m.name.lower() for m in DType)
         raise ValueError(f"unknown dtype {name!r}; expected one of {names}") from None
+
+
+# ONNX TensorProto element types, for binding device buffers.
+ONNX_TYPES = {
+    DType.BOOL: 9, DType.UINT8: 2, DType.INT8: 3, DType.INT16: 5,
+    DType.INT32: 6, DType.INT64: 7, DType.FLOAT16: 10,
+    DType.BFLOAT16: 16, DType.FLOAT32: 1, DType.FLOAT64: 11,
+}  # fmt: skip

@@ -149,8 +149,8 @@ def _check_external_data(path: Path, model: onnx.ModelProto) -> None:
 
 
 def _check_predict(src: VersionSource, found: VersionCheck) -> None:
+    from tensord.backends.signature import apply_overrides, check_batching
     from tensord.processing.plan import plan_processing
-    from tensord.registry.signature import apply_overrides, check_batching
 
     config = src.config
     graph = read_graph(src.path).graph
@@ -171,8 +171,8 @@ def _check_predict(src: VersionSource, found: VersionCheck) -> None:
 
 
 def _check_generator(src: VersionSource, found: VersionCheck) -> None:
-    from tensord.generate.graph_io import read_decoder_graph
-    from tensord.generate.model_dir import load_generator_dir
+    from tensord.generate.model.graph_io import read_decoder_graph
+    from tensord.generate.model.model_dir import load_generator_dir
 
     read_graph(src.path)
     spec = load_generator_dir(src.directory, src.config.model_file).spec

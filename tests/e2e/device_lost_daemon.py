@@ -18,9 +18,9 @@ from cuda.bindings import runtime as cudart
 
 from tensord import cli
 from tensord.backends.base import Backend, DeviceOptions
-from tensord.executor.cuda.runtime import check
+from tensord.cuda.runtime import check
 from tensord.logs import configure_logging
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord.registry.registry import default_backend_factory
 from tensord.server.app import TensordServer
 from tests.models import WrappedBackend

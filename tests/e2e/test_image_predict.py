@@ -14,7 +14,7 @@ import pytest
 
 from tensord.backends.onnxruntime import session_options
 from tensord.kernels import Normalisation, resize_normalize, softmax_topk
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord_client import Client
 from tests.e2e.conftest import Daemon, log_events
 

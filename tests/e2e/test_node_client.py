@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tensord.backends.onnxruntime import session_options
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tests.e2e.conftest import Daemon, start_daemon
 from tests.models import IDENTITY_DTYPES, _save, build_identity
 from tests.tools import ROOT, require_tool

@@ -13,8 +13,8 @@ from typing import Any
 from cuda.bindings import driver
 from cuda.bindings import runtime as cudart
 
+from tensord.cuda.runtime import StickyCudaError, check
 from tensord.errors import DeviceLostError
-from tensord.executor.cuda.runtime import StickyCudaError, check
 from tensord.kernels.compiler import arch_for, compile_source
 
 KERNEL = rb"""

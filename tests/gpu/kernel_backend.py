@@ -24,9 +24,9 @@ from cuda.bindings import driver
 from cuda.bindings import runtime as cudart
 
 from tensord.backends.base import BackendPlacement, DeviceTensor, TensorSpec
+from tensord.cuda.memory import CudaBuffer, DevicePool
+from tensord.cuda.runtime import check
 from tensord.dtypes import DType
-from tensord.executor.cuda.pools import CudaBuffer, DevicePool
-from tensord.executor.cuda.runtime import check
 from tensord.kernels.compiler import arch_for, compile_source
 from tensord.kernels.driver import drv_check, i32, i64, pointer
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_pinned_pool_round_trip() -> None:
-    from tensord.executor.cuda.pools import PinnedHostPool
+    from tensord.cuda.memory import PinnedHostPool
 
     pool = PinnedHostPool()
     buffer = pool.acquire(10_000)
@@ -31,8 +31,8 @@ def test_pinned_pool_round_trip() -> None:
 def test_copies_in_both_directions() -> None:
     from cuda.bindings import runtime as cudart
 
-    from tensord.executor.cuda.pools import DevicePool, PinnedHostPool
-    from tensord.executor.cuda.runtime import check
+    from tensord.cuda.memory import DevicePool, PinnedHostPool
+    from tensord.cuda.runtime import check
 
     pinned, device = PinnedHostPool(), DevicePool()
     stream = check(cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking), "stream")
@@ -72,7 +72,7 @@ async def test_cuda_ep_iobinding_matches_in_process_ort(demo_repo: Path) -> None
     from tensord.backends.base import DeviceOptions
     from tensord.backends.onnxruntime import OnnxRuntimeBackend
     from tensord.executor.cuda.executor import CudaExecutor
-    from tensord.registry.model_config import ModelConfig
+    from tensord.modelconfig.model import ModelConfig
 
     path = demo_repo / "mlp" / "1" / "model.onnx"
     gpu_config = ModelConfig(preferred_provider="cuda")

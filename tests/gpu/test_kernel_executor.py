@@ -71,7 +71,7 @@ def spin_for(ms: float, count: int) -> int:
     """Spin rounds that make the kernel over `count` floats take at least `ms` ms."""
     from cuda.bindings import runtime as cudart
 
-    from tensord.executor.cuda.runtime import check
+    from tensord.cuda.runtime import check
     from tests.gpu.kernel_backend import elapsed_ms, kernel_function, launch
 
     function = kernel_function(0)
@@ -105,8 +105,8 @@ def test_copies_overlap_compute_only_across_lanes(lanes: int) -> None:
     Nothing on the hot path may synchronise the device (cudaFree, a blocking stream)."""
     from cuda.bindings import runtime as cudart
 
+    from tensord.cuda.runtime import check
     from tensord.executor.cuda.executor import CudaExecutor
-    from tensord.executor.cuda.runtime import check
     from tests.gpu.kernel_backend import KernelBackend, elapsed_ms, expected
 
     count = 4 * MIB // 4  # 4 MiB per batch: copies of well under a millisecond
@@ -160,7 +160,7 @@ class DeviceHog:
     def __init__(self, leave: int) -> None:
         from cuda.bindings import runtime as cudart
 
-        from tensord.executor.cuda.runtime import check
+        from tensord.cuda.runtime import check
 
         self.pointers: list[int] = []
         chunk = 1 << 30

@@ -26,7 +26,7 @@ class Device:
     def __init__(self, cache: Path) -> None:
         from cuda.bindings import runtime as cudart
 
-        from tensord.executor.cuda.runtime import check
+        from tensord.cuda.runtime import check
         from tensord.kernels.driver import load_kernels
         from tensord.kernels.sources import FAMILIES
 

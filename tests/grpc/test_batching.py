@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tensord.backends.onnxruntime import session_options
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord_client import AsyncClient
 from tests.conftest import ServerThread
 

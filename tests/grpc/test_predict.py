@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from tensord.backends.onnxruntime import session_options
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord.v1 import inference_pb2 as pb
 from tensord_client import Client
 from tests.conftest import ServerThread

@@ -12,7 +12,7 @@ import pytest
 
 from tensord.backends.onnxruntime import session_options
 from tensord.kernels import Normalisation, letterbox, resize_normalize, softmax_topk
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord_client import Client
 from tests.models import DETECTOR_BOXES
 from tests.tools import require_module

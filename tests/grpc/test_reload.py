@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import TensorProto
 
 from tensord.config import load_config
-from tensord.registry.registry import ModelState
+from tensord.registry.version import ModelState
 from tensord_client import AsyncClient, Client
 from tests.conftest import ServerThread
 from tests.models import _build_double, build_identity, build_slow

@@ -20,7 +20,7 @@ from tensord.backends.base import Backend, DeviceOptions
 from tensord.backends.onnxruntime import session_options
 from tensord.config import load_config
 from tensord.errors import InternalError, OutOfMemoryError
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord.registry.registry import BackendFactory, default_backend_factory
 from tensord.v1 import inference_pb2 as pb
 from tensord_client import Client

@@ -18,8 +18,8 @@ from tensord.backends.base import Backend, DeviceOptions
 from tensord.config import load_config
 from tensord.config_tables import TracingSettings
 from tensord.errors import InternalError
+from tensord.modelconfig.model import ModelConfig
 from tensord.observability.tracing import build_tracer
-from tensord.registry.model_config import ModelConfig
 from tensord.registry.registry import default_backend_factory
 from tensord_client import Client
 from tensord_client._common import predict_request

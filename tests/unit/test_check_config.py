@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tensord.cli import main
-from tensord.demo import IR_VERSION, OPSET
+from tensord.demo.repository import IR_VERSION, OPSET
 from tests.models import build_identity, build_two_outputs
 
 

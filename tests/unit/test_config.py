@@ -8,7 +8,7 @@ import pytest
 
 from tensord.config import env_keys, load_config
 from tensord.errors import ConfigError, ModelLoadError
-from tensord.registry.model_config import read_model_config
+from tensord.modelconfig.model import read_model_config
 
 
 def test_defaults() -> None:

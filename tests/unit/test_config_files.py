@@ -15,7 +15,7 @@ from tensord.config import load_config
 from tensord.config_tables import AuthSettings
 from tensord.errors import ConfigError, ModelLoadError
 from tensord.files import MAX_TOML_BYTES, read_toml
-from tensord.registry.model_config import read_model_config
+from tensord.modelconfig.model import read_model_config
 from tensord.server.auth import read_token_file
 
 NESTED_ARRAYS = "a = " + "[" * 3000 + "]" * 3000 + "\n"

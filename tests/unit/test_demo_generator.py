@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tensord.generate.demo_model import build_demo_generator
-from tensord.generate.model_dir import GeneratorDirectory, load_generator_dir
+from tensord.demo.generator import build_demo_generator
+from tensord.generate.model.model_dir import GeneratorDirectory, load_generator_dir
 
 Past = list[np.ndarray]
 TOL = 2e-5  # float32 sums in another order (batched MatMul) differ in the last bits

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 from cuda.bindings import runtime as cudart
 
-from tensord.errors import DeviceLostError, InternalError
-from tensord.executor.cuda.runtime import (
+from tensord.cuda.device_fault import STICKY_CUDA_ERRORS, is_sticky, sticky_error_in
+from tensord.cuda.runtime import (
     STICKY_ERRORS,
     CudaError,
     CudaOutOfMemoryError,
     StickyCudaError,
     check,
 )
-from tensord.executor.device_fault import STICKY_CUDA_ERRORS, is_sticky, sticky_error_in
+from tensord.errors import DeviceLostError, InternalError
 
 
 def test_every_sticky_name_is_a_cuda_error_with_that_code() -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from tensord.backends.base import BackendPlacement, TensorSpec
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
+from tensord.cuda.pools import ALIGNMENT, HostBufferPool, SizeClassPool, size_class
 from tensord.dtypes import DType
 from tensord.errors import (
     DeadlineExceededError,
@@ -22,9 +23,8 @@ from tensord.errors import (
 )
 from tensord.executor.base import RunResult
 from tensord.executor.cpu import CpuExecutor, join_into
-from tensord.executor.pools import ALIGNMENT, HostBufferPool, SizeClassPool, size_class
 from tensord.executor.split import run_splitting_on_oom, split_rows
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tests.models import build_slow
 
 

@@ -13,12 +13,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tensord.demo.decoder_graph import DecoderShape
+from tensord.demo.generator import DemoGeneratorOptions, build_demo_generator
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
-from tensord.generate.demo_graph import DecoderShape
-from tensord.generate.demo_model import DemoGeneratorOptions, build_demo_generator
-from tensord.generate.hf_config import MAX_JSON_BYTES, GenerationDefaults
-from tensord.generate.model_dir import (
+from tensord.generate.model.hf_config import MAX_JSON_BYTES, GenerationDefaults
+from tensord.generate.model.model_dir import (
     MAX_TOKENIZER_BYTES,
     is_generator_dir,
     load_generator_dir,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tensord.generate.demo_model import build_demo_generator
-from tensord.generate.model_dir import load_generator_dir
+from tensord.demo.generator import build_demo_generator
+from tensord.generate.model.model_dir import load_generator_dir
 from tests.generate_reference import ReferenceModel, ReferenceRun, benchmark_module
 
 generate_limit = benchmark_module("generate_limit")

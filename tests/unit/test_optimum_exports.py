@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 import pytest
 
-from tensord.generate.demo_graph import DecoderShape, init_weights
-from tensord.generate.demo_model import build_demo_generator
-from tensord.generate.demo_tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, build_tokenizer
-from tensord.generate.model_dir import load_generator_dir, read_generator_spec
+from tensord.demo.decoder_graph import DecoderShape, init_weights
+from tensord.demo.generator import build_demo_generator
+from tensord.demo.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, build_tokenizer
+from tensord.generate.model.model_dir import load_generator_dir, read_generator_spec
 from tests.generate_reference import ReferenceModel, benchmark_module
 from tests.tools import require_module
 

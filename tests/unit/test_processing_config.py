@@ -10,9 +10,9 @@ import pytest
 from tensord.backends.base import TensorSpec
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
-from tensord.processing.config import NmsConfig, PreprocessConfig, TopKConfig
+from tensord.modelconfig.model import read_model_config
+from tensord.modelconfig.processing import NmsConfig, PreprocessConfig, TopKConfig
 from tensord.processing.plan import plan_processing
-from tensord.registry.model_config import read_model_config
 
 F32, F16 = DType.FLOAT32, DType.FLOAT16
 PIXELS = [TensorSpec("pixels", F32, (-1, 3, 224, 224))]

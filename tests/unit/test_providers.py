@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tensord.backends.providers import (
-    PRIORITY,
-    ProviderPlan,
-    explain_actual,
-    normalise_provider,
-    plan_providers,
-)
+from tensord.backends.providers import ProviderPlan, explain_actual, plan_providers
+from tensord.modelconfig.providers import PRIORITY, normalise_provider
 
 CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
 
@@ -104,7 +99,7 @@ def test_this_host_gets_the_executor_its_devices_allow() -> None:
 def test_provider_options_carry_the_lane_stream_and_tensorrt_flags(tmp_path: Path) -> None:
     from tensord.backends.base import DeviceOptions
     from tensord.backends.onnxruntime import provider_options
-    from tensord.registry.model_config import ModelConfig, TensorRTConfig
+    from tensord.modelconfig.model import ModelConfig, TensorRTConfig
 
     config = ModelConfig(tensorrt=TensorRTConfig(fp16=True, timing_cache=False))
     where = DeviceOptions(device_id=1, cuda_stream=0x7F00DEAD, cache_directory=tmp_path)

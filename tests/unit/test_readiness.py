@@ -10,9 +10,10 @@ import pytest
 
 from tensord.config import ReadyWhen
 from tensord.errors import FailedPreconditionError, UnavailableError
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord.registry.readiness import Readiness, judge
-from tensord.registry.registry import ModelRegistry, ModelState, ModelVersion, not_ready_error
+from tensord.registry.registry import ModelRegistry, not_ready_error
+from tensord.registry.version import ModelState, ModelVersion
 
 READY, FAILED = ModelState.READY, ModelState.FAILED
 LOADING, UNLOADING = ModelState.LOADING, ModelState.UNLOADING

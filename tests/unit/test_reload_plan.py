@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 from tensord.config import load_config
+from tensord.modelconfig.model import ModelConfig
 from tensord.registry.changes import plan_reload
-from tensord.registry.model_config import ModelConfig
-from tensord.registry.registry import ModelState, ModelVersion
 from tensord.registry.repository import fingerprint, scan_repository
+from tensord.registry.version import ModelState, ModelVersion
 from tensord.server.reload import RESTART_ONLY_KEYS, keep_restart_only
 
 

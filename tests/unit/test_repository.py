@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from tensord.backends.base import TensorSpec
+from tensord.backends.signature import apply_overrides, check_batching
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
-from tensord.registry.model_config import ModelConfig, TensorOverride
+from tensord.modelconfig.model import ModelConfig, TensorOverride
 from tensord.registry.repository import scan_repository
-from tensord.registry.signature import apply_overrides, check_batching
 
 
 def touch(path: Path, text: str = "") -> None:

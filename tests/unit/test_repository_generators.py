@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tensord.errors import ModelLoadError
-from tensord.generate.engine import stream_interval
-from tensord.registry.generator_config import (
+from tensord.generate.engine.engine import stream_interval
+from tensord.modelconfig.generator import (
     DEFAULT_KV_CACHE_BYTES,
     GeneratorConfig,
     GeneratorLimits,

@@ -10,8 +10,9 @@ import pytest
 from tensord.backends.tensorrt import check_int8, engine_key, tensorrt_status
 from tensord.devices import probe_gpus
 from tensord.errors import ModelLoadError
-from tensord.registry.model_config import ModelConfig, TensorRTConfig
-from tensord.registry.registry import ModelRegistry, ModelState
+from tensord.modelconfig.model import ModelConfig, TensorRTConfig
+from tensord.registry.registry import ModelRegistry
+from tensord.registry.version import ModelState
 
 
 def test_int8_needs_a_calibration_file(tmp_path: Path) -> None:

@@ -74,3 +74,11 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release the model's memory."""
         ...
+
+
+def release_output(value: object) -> None:
+    """Return a backend output to its pool when it came from one (the native TensorRT
+    backend's DeviceOutput); an OrtValue or a host array frees itself when dropped."""
+    release = getattr(value, "release", None)
+    if callable(release):
+        release()

@@ -23,6 +23,7 @@ from tensord.backends.ort_session import (
     usable_providers,
 )
 from tensord.backends.providers import CPU, explain_actual, plan_providers
+from tensord.cuda.device_fault import sticky_error_in
 from tensord.dtypes import DType
 from tensord.errors import (
     DeviceLostError,
@@ -31,8 +32,7 @@ from tensord.errors import (
     OutOfMemoryError,
     UnavailableError,
 )
-from tensord.executor.device_fault import sticky_error_in
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 
 log = structlog.get_logger("tensord.backends")
 

@@ -4,41 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CPU = "CPUExecutionProvider"
-
-# Highest priority first. CPU is always the last resort.
-PRIORITY: tuple[str, ...] = (
-    "TensorrtExecutionProvider",
-    "CUDAExecutionProvider",
-    "ROCMExecutionProvider",
-    "CoreMLExecutionProvider",
-    "DmlExecutionProvider",
-    "OpenVINOExecutionProvider",
-    CPU,
-)
-
-_ALIASES = {
-    "tensorrt": "TensorrtExecutionProvider",
-    "trt": "TensorrtExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "rocm": "ROCMExecutionProvider",
-    "coreml": "CoreMLExecutionProvider",
-    "directml": "DmlExecutionProvider",
-    "dml": "DmlExecutionProvider",
-    "openvino": "OpenVINOExecutionProvider",
-    "cpu": CPU,
-}
-
-
-def normalise_provider(name: str) -> str:
-    """Accept "cuda" or "CUDAExecutionProvider"; raise ValueError for unknown names."""
-    if name in PRIORITY:
-        return name
-    full = _ALIASES.get(name.lower())
-    if full is None:
-        known = ", ".join(sorted(_ALIASES))
-        raise ValueError(f"unknown execution provider {name!r}; expected one of {known}")
-    return full
+from tensord.modelconfig.providers import CPU, PRIORITY
 
 
 @dataclass(slots=True, frozen=True)

@@ -27,7 +27,7 @@ from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor,
 from tensord.dtypes import DType
 from tensord.errors import InternalError, ModelLoadError
 from tensord.files import write_atomically
-from tensord.registry.model_config import ModelConfig, TensorRTConfig
+from tensord.modelconfig.model import ModelConfig, TensorRTConfig
 
 PROVIDER = "TensorRT (native)"
 
@@ -158,8 +158,8 @@ class TensorRTBackend:
             raise ModelLoadError("the native TensorRT backend needs a CUDA device and stream")
         import tensorrt as trt
 
+        from tensord.cuda.memory import DevicePool
         from tensord.devices import probe_gpus
-        from tensord.executor.cuda.pools import DevicePool
 
         self._trt = trt
         self._stream = where.cuda_stream
@@ -379,7 +379,7 @@ def _calibrator(trt: Any, samples: np.ndarray, batch: int) -> Any:
     """An entropy calibrator feeding the .npy samples in batches through device memory."""
     from cuda.bindings import runtime as cudart
 
-    from tensord.executor.cuda.runtime import check
+    from tensord.cuda.runtime import check
 
     samples = np.ascontiguousarray(samples)
 

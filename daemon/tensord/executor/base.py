@@ -8,6 +8,8 @@ from typing import Protocol
 
 import numpy as np
 
+from tensord.cuda.pools import PoolStats
+
 
 @dataclass(slots=True)
 class RunResult:
@@ -25,17 +27,6 @@ class LaneStats:
     runs: int = 0
     failed: int = 0
     busy_s: float = 0.0
-
-
-@dataclass(slots=True)
-class PoolStats:
-    """A buffer pool: bytes handed out now, bytes cached for reuse, the high-water mark."""
-
-    in_use_bytes: int = 0
-    cached_bytes: int = 0
-    high_water_bytes: int = 0
-    allocations: int = 0
-    reuses: int = 0
 
 
 @dataclass(slots=True)

@@ -8,9 +8,8 @@ from contextlib import ExitStack
 import numpy as np
 
 from tensord.backends.base import Backend
-from tensord.executor.base import PoolStats
+from tensord.cuda.pools import HostBufferPool, PoolStats
 from tensord.executor.lanes import LaneExecutor
-from tensord.executor.pools import HostBufferPool
 
 
 def join_into(

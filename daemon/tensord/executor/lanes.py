@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tensord.cuda.pools import PoolStats
 from tensord.errors import DeadlineExceededError, UnavailableError
-from tensord.executor.base import ExecutorStats, LaneStats, PoolStats, RunResult
+from tensord.executor.base import ExecutorStats, LaneStats, RunResult
 
 _QUEUED, _STARTED, _DROPPED = 0, 1, 2
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import structlog
 
+from tensord.cuda.device_fault import sticky_error_in
 from tensord.errors import DeviceLostError, InternalError
-from tensord.executor.device_fault import sticky_error_in
 from tensord.kernels.cache import CachedKernel, cached_cubin, forget
 from tensord.kernels.compiler import arch_for, nvrtc_library, nvrtc_version
 from tensord.kernels.sources import FAMILIES
@@ -153,7 +153,7 @@ def load_kernels(device_id: int, cache_directory: Path, families: Iterable[str])
             return found
         from cuda.bindings import runtime as cudart
 
-        from tensord.executor.cuda.runtime import check
+        from tensord.cuda.runtime import check
 
         check(cudart.cudaSetDevice(device_id), "cudaSetDevice")
         check(cudart.cudaFree(0), "cudaFree(0) (create the primary context)")

@@ -20,7 +20,8 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from tensord.registry.registry import ModelRegistry, ModelVersion
+    from tensord.registry.registry import ModelRegistry
+    from tensord.registry.version import ModelVersion
 
 log = structlog.get_logger("tensord.metrics")
 
@@ -52,7 +53,7 @@ class ModelCollector(Collector):
 
     @staticmethod
     def _states(versions: Iterable[ModelVersion]) -> Metric:
-        from tensord.registry.registry import ModelState
+        from tensord.registry.version import ModelState
 
         counts = {state.name.lower(): 0 for state in ModelState}
         for mv in versions:

@@ -18,11 +18,16 @@ import numpy as np
 from cuda.bindings import runtime as cudart
 
 from tensord import dtypes
-from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
+from tensord.backends.base import (
+    BackendPlacement,
+    DeviceOptions,
+    DeviceTensor,
+    TensorSpec,
+    release_output,
+)
+from tensord.cuda.memory import CudaBuffer, DevicePool, PinnedHostPool
+from tensord.cuda.runtime import check
 from tensord.errors import InternalError, ModelLoadError
-from tensord.executor.cuda.executor import ONNX_TYPES, release_output
-from tensord.executor.cuda.pools import CudaBuffer, DevicePool, PinnedHostPool
-from tensord.executor.cuda.runtime import check
 from tensord.kernels import gpu
 from tensord.kernels.gpu import DeviceArray
 from tensord.kernels.image import letterbox_geometry
@@ -199,7 +204,7 @@ class DeviceProcessedBackend:
             )
         else:
             gpu.resize_normalize(self.kernels, self.stream, src, out, pre.norm, pre.layout)
-        onnx_type = ONNX_TYPES[dtypes.from_numpy(pre.dtype)]
+        onnx_type = dtypes.ONNX_TYPES[dtypes.from_numpy(pre.dtype)]
         feeds[pre.model_input.name] = DeviceTensor(out.ptr, onnx_type, shape)
         return geometry(pre, h, w, n)
 

@@ -13,7 +13,7 @@ from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
 from tensord.kernels.image import Layout, Normalisation
 from tensord.kernels.nms import NmsSettings
-from tensord.processing.config import NmsConfig, PreprocessConfig, TopKConfig
+from tensord.modelconfig.processing import NmsConfig, PreprocessConfig, TopKConfig
 
 LETTERBOX_OUTPUT = "letterbox"
 TOPK_OUTPUTS = ("classes", "scores")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tensord.backends.base import Backend, DeviceOptions, TensorSpec
-from tensord.registry.model_config import ModelConfig
-from tensord.registry.signature import apply_overrides
+from tensord.backends.signature import apply_overrides
+from tensord.modelconfig.model import ModelConfig
 
 
 def with_processing(backend: Backend, config: ModelConfig, where: DeviceOptions) -> Backend:

@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from tensord.registry.model_config import ModelConfig
+from tensord.modelconfig.model import ModelConfig
 from tensord.registry.repository import VersionSource
-
-if TYPE_CHECKING:
-    from tensord.registry.registry import ModelVersion
+from tensord.registry.version import ModelState, ModelVersion
 
 
 @dataclass(slots=True)
@@ -55,7 +52,6 @@ def label(name: str, version: int) -> str:
 
 def needs_reload(src: VersionSource, entry: ModelVersion) -> bool:
     """A version is loaded again when it failed before or anything about it differs."""
-    from tensord.registry.registry import ModelState
 
     return (
         entry.state is ModelState.FAILED
@@ -80,7 +76,6 @@ def plan_reload(
     which versions it holds: the versions it serves are kept, under their served names,
     while one of them is READY; otherwise its entry replaces them like any failed version.
     """
-    from tensord.registry.registry import ModelState
 
     sources = list(sources)
     broken = {src.model_dir: src for src in sources if src.whole_model}

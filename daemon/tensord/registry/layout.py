@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensord.registry.model_config import MODEL_TOML
+from tensord.modelconfig.model import MODEL_TOML
 
 MODEL_SUFFIX = ".onnx"
 LOST_AND_FOUND = "lost+found"

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tensord.config import ReadyWhen
-from tensord.registry.registry import ModelState, ModelVersion
+from tensord.registry.version import ModelState, ModelVersion
 
 _NAMED = 5
 """Models named in a reason, at most (a repository may hold hundreds)."""

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
 
 from tensord.access import may_see
-from tensord.backends.base import Backend, BackendPlacement, DeviceOptions, TensorSpec
+from tensord.backends.base import Backend, DeviceOptions
+from tensord.backends.signature import check_batching
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.dtypes import DType
 from tensord.errors import (
@@ -28,72 +26,13 @@ from tensord.errors import (
 from tensord.executor.base import Executor
 from tensord.executor.select import build_executor, build_tensorrt_executor
 from tensord.executor.split import run_splitting_on_oom
-from tensord.processing.host import ProcessingReport
+from tensord.modelconfig.model import ModelConfig
 from tensord.processing.wrap import served_signature, with_processing
 from tensord.registry.changes import RepositoryChanges, label, plan_reload
-from tensord.registry.inflight import InflightCounter
-from tensord.registry.model_config import ModelConfig
-from tensord.registry.repository import Fingerprint, VersionSource, read_repository
-from tensord.registry.signature import check_batching
-
-if TYPE_CHECKING:
-    from tensord.generate.engine import GenerationEngine
+from tensord.registry.repository import VersionSource, read_repository
+from tensord.registry.version import ModelState, ModelVersion
 
 log = structlog.get_logger("tensord.registry")
-
-
-class ModelState(enum.IntEnum):
-    """Lifecycle of a model version; the values equal the contract's ModelState."""
-
-    LOADING = 1
-    READY = 2
-    FAILED = 3
-    UNLOADING = 4
-
-
-@dataclass(slots=True)
-class ModelVersion:
-    """One served model version and everything the data plane needs to run it."""
-
-    name: str
-    version: int
-    path: Path
-    config: ModelConfig
-    state: ModelState = ModelState.LOADING
-    reason: str = ""
-    inputs: list[TensorSpec] = field(default_factory=list)
-    outputs: list[TensorSpec] = field(default_factory=list)
-    placement: BackendPlacement | None = None
-    load_time_s: float = 0.0
-    executor: Executor | None = None
-    batcher: DynamicBatcher | None = None
-    processing: list[ProcessingReport] = field(default_factory=list)
-    """Pre- and postprocessing steps, and whether kernels or twins run them."""
-    engine: GenerationEngine | None = None
-    """The generation engine, for a generator (kind "generator")."""
-    fingerprint: Fingerprint = ()
-    """The version's files when it was loaded (a reload compares them)."""
-    inflight: InflightCounter = field(default_factory=InflightCounter)
-    """Requests running on it; it is freed only once they finish."""
-    model_dir: Path | None = None
-    """The model's directory in the repository (a reload keeps what a broken one serves)."""
-
-    @property
-    def kind(self) -> str:
-        """ "predict" or "generator"."""
-        return self.config.kind or "predict"
-
-    @classmethod
-    def from_source(cls, src: VersionSource) -> ModelVersion:
-        """A LOADING entry for a version found on disk."""
-        return cls(
-            src.name,
-            src.version,
-            src.path,
-            src.config,
-            fingerprint=src.fingerprint,
-            model_dir=src.model_dir,
-        )
 
 
 BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
@@ -272,7 +211,7 @@ class ModelRegistry:
     def _load_blocking(self, entry: ModelVersion) -> None:
         config = entry.config
         if entry.kind == "generator":
-            from tensord.generate.loader import load_engine
+            from tensord.generate.engine.loader import load_engine
 
             entry.engine, entry.placement, entry.inputs, entry.outputs = load_engine(
                 entry.name, entry.path, config, self._where

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tensord.errors import ModelLoadError
-from tensord.registry.generator_config import GeneratorConfig
+from tensord.modelconfig.generator import GeneratorConfig
+from tensord.modelconfig.model import (
+    MODEL_TOML,
+    ModelConfig,
+    ModelKind,
+    generator_key_problems,
+    read_model_config,
+)
 from tensord.registry.layout import (
     SkippedEntry,
     is_version_name,
@@ -28,15 +35,8 @@ from tensord.registry.layout import (
     subdirectory_skips,
     top_level_skip,
 )
-from tensord.registry.model_config import (
-    MODEL_TOML,
-    ModelConfig,
-    ModelKind,
-    generator_key_problems,
-    read_model_config,
-)
 
-# Beside the model file, these make a directory a generator (tensord.generate.model_dir).
+# Beside the model file, these make a directory a generator (tensord.generate.model.model_dir).
 GENERATOR_MARKERS = ("config.json", "tokenizer.json")
 GENERATOR_OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json")
 """Read when present; like the markers, they follow the model file's symlink rule."""

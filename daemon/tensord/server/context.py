@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import Message
 
 from tensord.errors import ResourceExhaustedError, TensordError
 from tensord.server.intake import Intake, Look
@@ -47,7 +48,7 @@ _CLIENT_CODES = frozenset(
     }
 )
 
-Resp = TypeVar("Resp")
+Resp = TypeVar("Resp", bound=Message)
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 

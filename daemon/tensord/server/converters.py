@@ -10,13 +10,13 @@ from tensord.backends.base import TensorSpec
 from tensord.codec import decode_tensor, fill_tensor, pb_dtype
 from tensord.dataplane import GenerateCall, HealthReport, PredictCall, PredictResult, ServerInfo
 from tensord.executor.base import ExecutorStats
-from tensord.generate.outputs import RequestOutput
-from tensord.generate.sampling_params import SamplingParams
-from tensord.registry.registry import ModelVersion
+from tensord.generate.core.outputs import RequestOutput
+from tensord.generate.core.sampling_params import SamplingParams
+from tensord.registry.version import ModelVersion
 from tensord.v1 import inference_pb2 as pb
 
 if TYPE_CHECKING:
-    from tensord.generate.engine import EngineStats, GenerationEngine
+    from tensord.generate.engine.engine import EngineStats, GenerationEngine
 
 
 def predict_call(request: pb.PredictRequest, time_remaining: float | None) -> PredictCall:

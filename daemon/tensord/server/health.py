@@ -26,7 +26,7 @@ from tensord.access import may_probe, may_see
 from tensord.dataplane import DataPlane
 from tensord.errors import NotFoundError
 from tensord.registry.readiness import Readiness
-from tensord.registry.registry import ModelState
+from tensord.registry.version import ModelState
 from tensord.server.intake import Intake, bounded_handlers
 
 log = structlog.get_logger("tensord.server")

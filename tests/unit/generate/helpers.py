@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tensord.generate.request import Request
-from tensord.generate.sampling_params import ResolvedSamplingParams
+from tensord.generate.core.request import Request
+from tensord.generate.core.sampling_params import ResolvedSamplingParams
 
 
 def params(**overrides: object) -> ResolvedSamplingParams:

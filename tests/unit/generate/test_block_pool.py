@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensord.generate.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from tensord.generate.core.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 
 
 def refs(pool: BlockPool) -> list[int]:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tensord.generate.decode_view import TRIM_SLACK, DecodeView, assemble, patch
-from tensord.generate.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.decode_view import TRIM_SLACK, DecodeView, assemble, patch
+from tensord.generate.worker.kv_storage import KVShape, KVStorage
 
 
 @dataclass

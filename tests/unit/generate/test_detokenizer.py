@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from tensord.generate.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from tensord.generate.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from tests.unit.generate.helpers import byte_level_bpe
 
 CORPUS = [

@@ -13,11 +13,11 @@ import random
 
 import numpy as np
 
-from tensord.generate.kv_cache_manager import KVCacheManager
-from tensord.generate.request import Request, RequestStatus
-from tensord.generate.sampler import Sampler
-from tensord.generate.scheduler import Scheduler, SchedulerConfig
-from tensord.generate.scheduler_output import SchedulerOutput
+from tensord.generate.core.kv_cache_manager import KVCacheManager
+from tensord.generate.core.request import Request, RequestStatus
+from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
+from tensord.generate.core.scheduler_output import SchedulerOutput
+from tensord.generate.worker.sampler import Sampler
 from tests.unit.generate.helpers import make_request
 
 VOCAB = 50

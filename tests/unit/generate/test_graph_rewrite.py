@@ -10,11 +10,11 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tensord.generate.batch_layout import BatchLayout
-from tensord.generate.graph_rewrite import ROTARY_SCOPE, add_position_ids
-from tensord.generate.model_dir import read_generator_spec
-from tensord.generate.serving_graph import REWRITTEN_REASON, open_serving_graph
-from tensord.registry.model_config import ModelConfig
+from tensord.generate.model.batch_layout import BatchLayout
+from tensord.generate.model.graph_rewrite import ROTARY_SCOPE, add_position_ids
+from tensord.generate.model.model_dir import read_generator_spec
+from tensord.generate.model.serving_graph import REWRITTEN_REASON, open_serving_graph
+from tensord.modelconfig.model import ModelConfig
 from tests.hf_families import ExportCache
 
 

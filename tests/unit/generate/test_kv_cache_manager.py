@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from tensord.generate.kv_cache_manager import (
+from tensord.generate.core.kv_cache_manager import (
     KVCacheManager,
     hash_block_tokens,
     kv_block_bytes,
 )
-from tensord.generate.request import Request
+from tensord.generate.core.request import Request
 from tests.unit.generate.helpers import make_request
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensord.generate.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.kv_storage import KVShape, KVStorage
 
 
 def _flat(pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:

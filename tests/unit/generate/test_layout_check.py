@@ -11,15 +11,15 @@ import pytest
 from onnx import helper, numpy_helper
 
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
+from tensord.demo.decoder_graph import DecoderShape
+from tensord.demo.generator import DemoGeneratorOptions, build_demo_generator
 from tensord.errors import ModelLoadError
-from tensord.generate.batch_layout import BatchLayout, LayoutChoice, choose_layout, restrict
-from tensord.generate.demo_graph import DecoderShape
-from tensord.generate.demo_model import DemoGeneratorOptions, build_demo_generator
-from tensord.generate.kv_storage import KVShape, KVStorage
-from tensord.generate.layout_check import check_layout
-from tensord.generate.model_dir import read_generator_spec
-from tensord.generate.model_runner import ModelRunner
-from tensord.registry.model_config import ModelConfig
+from tensord.generate.model.batch_layout import BatchLayout, LayoutChoice, choose_layout, restrict
+from tensord.generate.model.layout_check import check_layout
+from tensord.generate.model.model_dir import read_generator_spec
+from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.model_runner import ModelRunner
+from tensord.modelconfig.model import ModelConfig
 from tests.hf_families import ExportCache
 
 # Exporting traces PyTorch code: its tracer and deprecation warnings are not about tensord.

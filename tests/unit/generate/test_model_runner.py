@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
-from tensord.generate.kv_storage import KVShape, KVStorage
-from tensord.generate.model_dir import read_generator_spec
-from tensord.generate.model_runner import ModelRunner, StepItem
-from tensord.registry.model_config import ModelConfig
+from tensord.generate.model.model_dir import read_generator_spec
+from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.model_runner import ModelRunner, StepItem
+from tensord.modelconfig.model import ModelConfig
 from tests.generate_reference import ReferenceModel
 
 BLOCK = 4

@@ -9,9 +9,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tensord.errors import DeadlineExceededError, InternalError, UnavailableError
-from tensord.generate.output_processor import OutputProcessor, RequestOutputCollector
-from tensord.generate.outputs import EngineCoreOutput, RequestOutput, TokenLogprob, Usage
-from tensord.generate.request import RequestStatus
+from tensord.generate.core.outputs import EngineCoreOutput, RequestOutput, TokenLogprob, Usage
+from tensord.generate.core.request import RequestStatus
+from tensord.generate.engine.output_processor import OutputProcessor, RequestOutputCollector
 from tests.unit.generate.helpers import byte_level_bpe, make_request
 
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tensord.generate.request import Request
-from tensord.generate.sampler import (
+from tensord.generate.core.request import Request
+from tensord.generate.worker.sampler import (
     Sampler,
     apply_repetition_penalty,
     apply_top_p_sorted,

@@ -6,10 +6,10 @@ import grpc
 import pytest
 
 from tensord.errors import InvalidArgumentError
-from tensord.generate.hf_config import GenerationDefaults as HfGenerationDefaults
-from tensord.generate.hf_config import JsonFile, read_generation_defaults
-from tensord.generate.request import Request, RequestStatus
-from tensord.generate.sampling_params import GenerationDefaults, SamplingParams
+from tensord.generate.core.request import Request, RequestStatus
+from tensord.generate.core.sampling_params import GenerationDefaults, SamplingParams
+from tensord.generate.model.hf_config import GenerationDefaults as HfGenerationDefaults
+from tensord.generate.model.hf_config import JsonFile, read_generation_defaults
 
 DEFAULTS = GenerationDefaults(temperature=0.7, top_p=0.9, eos_token_ids=(2, 7))
 

@@ -8,11 +8,11 @@ import grpc
 import pytest
 
 from tensord.errors import InvalidArgumentError, ResourceExhaustedError
-from tensord.generate.kv_cache_manager import KVCacheManager
-from tensord.generate.outputs import EngineCoreOutput, TokenLogprob
-from tensord.generate.request import Request, RequestStatus
-from tensord.generate.scheduler import Scheduler, SchedulerConfig
-from tensord.generate.scheduler_output import SchedulerOutput
+from tensord.generate.core.kv_cache_manager import KVCacheManager
+from tensord.generate.core.outputs import EngineCoreOutput, TokenLogprob
+from tensord.generate.core.request import Request, RequestStatus
+from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
+from tensord.generate.core.scheduler_output import SchedulerOutput
 from tests.unit.generate.helpers import make_request
 
 

@@ -16,30 +16,15 @@ import numpy as np
 from cuda.bindings import runtime as cudart
 
 from tensord import dtypes
-from tensord.backends.base import DeviceTensor
-from tensord.executor.base import PoolStats
-from tensord.executor.cuda.pools import CudaBuffer, DevicePool, PinnedHostPool
-from tensord.executor.cuda.runtime import check
+from tensord.backends.base import DeviceTensor, release_output
+from tensord.cuda.memory import CudaBuffer, DevicePool, PinnedHostPool
+from tensord.cuda.pools import PoolStats
+from tensord.cuda.runtime import check
 from tensord.executor.lanes import LaneExecutor
 from tensord.executor.split import rows_of
 
 H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
 D2H = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-
-# ONNX TensorProto element types, for binding device buffers.
-ONNX_TYPES = {
-    dtypes.DType.BOOL: 9, dtypes.DType.UINT8: 2, dtypes.DType.INT8: 3, dtypes.DType.INT16: 5,
-    dtypes.DType.INT32: 6, dtypes.DType.INT64: 7, dtypes.DType.FLOAT16: 10,
-    dtypes.DType.BFLOAT16: 16, dtypes.DType.FLOAT32: 1, dtypes.DType.FLOAT64: 11,
-}  # fmt: skip
-
-
-def release_output(value: object) -> None:
-    """Return a backend output to its pool when it came from one (the native TensorRT
-    backend's DeviceOutput); an OrtValue or a host array frees itself when dropped."""
-    release = getattr(value, "release", None)
-    if callable(release):
-        release()
 
 
 @dataclass(slots=True)
@@ -160,7 +145,7 @@ class CudaExecutor(LaneExecutor):
                     cudart.cudaMemcpyAsync(dev.ptr, host.ptr, nbytes, H2D, lane.stream),
                     "cudaMemcpyAsync H2D",
                 )
-            device_inputs[name] = DeviceTensor(dev.ptr, ONNX_TYPES[dtype], shape)
+            device_inputs[name] = DeviceTensor(dev.ptr, dtypes.ONNX_TYPES[dtype], shape)
         values = lane.backend.run_device(device_inputs, output_names)
         held.extend(values)
         staged = []

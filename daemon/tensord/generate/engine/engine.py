@@ -1,0 +1,410 @@
+"""The generation engine of one generator model: an engine thread and an async front.
+
+The engine thread loops: apply queued aborts and stops, `schedule()` a step, run it on the
+model (ModelRunner), sample, `update_from_output`, and hand the step's outputs to the
+event loop in one call. On the loop, the OutputProcessor detokenizes, matches stop
+strings and fills each request's merging output slot (as vLLM splits engine core and
+output processing): detokenizing a step overlaps the next step's model run.
+
+The scheduler is shared under one lock that the thread drops while the model runs, so a
+new request is admitted (or refused: queue full, too long) synchronously, before its
+stream starts. Aborts and stop-string finishes are applied between steps: a cancelled
+stream frees its blocks within one step, and a running step never writes into blocks
+handed to someone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from tensord.errors import InternalError, TensordError, UnavailableError
+from tensord.generate.core.kv_cache_manager import KVCacheManager, KVCacheStats
+from tensord.generate.core.outputs import EngineCoreOutput, RequestOutput, TokenLogprob
+from tensord.generate.core.request import Request, RequestStatus
+from tensord.generate.core.sampling_params import GenerationDefaults, SamplingParams
+from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
+from tensord.generate.core.scheduler_output import SchedulerOutput
+from tensord.generate.engine.output_processor import OutputProcessor, RequestOutputCollector
+from tensord.generate.model.batch_layout import LayoutChoice, choose_layout
+from tensord.generate.model.model_dir import GeneratorDirectory, GeneratorSpec
+from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.model_runner import ModelRunner, PassStats, StepItem, StepLogits
+from tensord.generate.worker.sampler import Sampler
+from tensord.modelconfig.generator import GeneratorLimits
+
+log = structlog.get_logger("tensord.generate")
+
+RunFn = Callable[[Mapping[str, np.ndarray], Sequence[str]], list[np.ndarray]]
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStats:
+    """A snapshot for Info and metrics."""
+
+    running: int
+    waiting: int
+    steps: int
+    generated_tokens: int
+    prefix_hit_tokens: int
+    preemptions: int
+    kv_cache: KVCacheStats
+    passes: PassStats
+    """Model passes and the sequences they carried (several per pass: shared steps)."""
+
+
+def sampling_defaults(spec: GeneratorSpec) -> GenerationDefaults:
+    """The model's generation_config as request defaults. As in transformers, a model
+    whose generation_config does not set do_sample decodes greedily by default."""
+    d = spec.defaults
+    return GenerationDefaults(
+        temperature=d.temperature if d.do_sample else 0.0,
+        top_k=d.top_k,
+        top_p=d.top_p,
+        repetition_penalty=d.repetition_penalty,
+        max_new_tokens=d.max_new_tokens,
+        max_length=d.max_length,
+        eos_token_ids=spec.eos_token_ids,
+    )
+
+
+_AUTO_STREAMS_PER_CHUNK = 4
+_AUTO_MAX_INTERVAL = 8
+
+
+def stream_interval(configured: int, streams: int) -> int:
+    """Steps whose tokens one chunk carries: `configured`, or with 0 ("auto")
+    ceil(streams / 4) capped at 8, which keeps about 4 chunks per step."""
+    if configured:
+        return configured
+    return max(1, min(_AUTO_MAX_INTERVAL, -(-streams // _AUTO_STREAMS_PER_CHUNK)))
+
+
+class GenerationEngine:
+    """Continuous batching for one model; `generate()` streams one request's chunks."""
+
+    def __init__(
+        self,
+        name: str,
+        directory: GeneratorDirectory,
+        limits: GeneratorLimits,
+        run: RunFn,
+        layout: LayoutChoice | None = None,
+        position_ids: bool | None = None,
+    ) -> None:
+        """`layout` and `position_ids` (whether the session takes position_ids) are what
+        the loader settled (serving_graph.py); by default, what the graph says."""
+        spec = directory.spec
+        self.name = name
+        self.directory = directory
+        self.limits = limits
+        shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.kv_dtype.numpy)
+        self.storage = KVStorage(shape, limits.num_blocks, limits.block_size)
+        self.kv_cache_manager = KVCacheManager(limits.num_blocks, limits.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_model_len=limits.max_model_len,
+                max_num_seqs=limits.max_num_seqs,
+                max_num_batched_tokens=limits.max_num_batched_tokens,
+                max_queue_size=limits.max_queue_size,
+            ),
+            self.kv_cache_manager,
+        )
+        pad = spec.pad_token_id if spec.pad_token_id is not None else 0
+        self.layout = layout or choose_layout(spec.model_type, spec.has_position_ids)
+        """The batch layout and why."""
+        self.position_ids = spec.has_position_ids if position_ids is None else position_ids
+        self.runner = ModelRunner(
+            run,
+            self.storage,
+            spec.num_layers,
+            self.position_ids,
+            pad_token_id=pad,
+            layout=self.layout.layout,
+        )
+        self.sampler = Sampler()
+        self.defaults = sampling_defaults(spec)
+        self.output_processor = OutputProcessor(directory.tokenizer)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._aborts: list[str] = []
+        self._outbox: list[EngineCoreOutput] = []
+        self._outbox_lock = threading.Lock()
+        self._outbox_scheduled = False
+        self._held: list[EngineCoreOutput] = []
+        """Engine thread: outputs of steps not yet handed over (see _release_due)."""
+        self._held_steps = 0
+        """Engine thread: model passes started since everything held was last handed over."""
+        self._urgent: set[str] = set()
+        """Engine thread: held requests whose tokens go at the next pass (first, last)."""
+        self._stops: list[str] = []
+        self._stopping: TensordError | None = None
+        self._steps = 0
+        self._generated = 0
+        self._thread = threading.Thread(target=self._run_loop, name=f"engine-{name}", daemon=True)
+        self._thread.start()
+
+    # -- the async front (event loop thread) -------------------------------------------
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        deadline: float | None = None,
+    ) -> tuple[str, RequestOutputCollector]:
+        """Admit a request (raises InvalidArgument / ResourceExhausted / Unavailable at
+        once); returns its id and the slot its chunks arrive in."""
+        spec = self.directory.spec
+        resolved = params.resolve(
+            self.defaults,
+            prompt_len=len(prompt_token_ids),
+            max_model_len=self.limits.max_model_len,
+            vocab_size=spec.vocab_size,
+        )
+        self._loop = asyncio.get_running_loop()
+        request_id = f"{self.name}-{next(self._ids)}"
+        request = Request(request_id, list(prompt_token_ids), resolved, time.monotonic(), deadline)
+        with self._wake:
+            if self._stopping is not None:
+                raise self._stopping
+            self.scheduler.add_request(request)
+            collector = self.output_processor.add_request(request)
+            self._wake.notify()
+        return request_id, collector
+
+    async def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        deadline: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Admit, then yield chunks until the last one; a reader that goes away (cancel,
+        disconnect, break) aborts the request and frees its blocks."""
+        request_id, collector = self.add_request(prompt_token_ids, params, deadline)
+        finished = False
+        try:
+            while not finished:
+                chunk = await collector.get()
+                finished = chunk.finished
+                yield chunk
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request: its slot is dropped now, its blocks freed at the next step."""
+        self.output_processor.abort_requests([request_id])
+        with self._wake:
+            self._aborts.append(request_id)
+            self._wake.notify()
+
+    def stats(self) -> EngineStats:
+        """Counters and the KV cache's state."""
+        with self._lock:
+            s = self.scheduler.stats()
+            return EngineStats(
+                running=s.num_running,
+                waiting=s.num_waiting,
+                steps=self._steps,
+                generated_tokens=self._generated,
+                prefix_hit_tokens=s.kv_cache.prefix_hits,
+                preemptions=s.num_preemptions,
+                kv_cache=s.kv_cache,
+                passes=dataclasses.replace(self.runner.stats),
+            )
+
+    def fail_waiting(self, error: TensordError) -> None:
+        """End the requests that have not produced a token yet with `error`: at a drain
+        their clients retry elsewhere at once, not when the grace runs out."""
+        with self._lock:
+            ids = [r.request_id for r in self.scheduler.waiting if r.num_output_tokens == 0]
+            if ids:
+                self._fail(ids, error)
+
+    def close(self, error: TensordError | None = None) -> None:
+        """End every stream with `error` (UNAVAILABLE by default), free the blocks, stop.
+        Blocking: call it from a worker thread when an event loop is running."""
+        with self._wake:
+            self._stopping = error or UnavailableError(
+                f"model {self.name!r} is shutting down; retry on another instance"
+            )
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    def _on_loop(self, fn: Callable[..., None], *args: object) -> None:
+        """Engine thread: run fn(*args) on the event loop after the outputs held so far, so
+        a stream's tokens always reach the loop before its end (an expiry, an error)."""
+        self._release_held()
+        self._post(fn, *args)
+
+    def _post(self, fn: Callable[..., None], *args: object) -> None:
+        """Engine thread: run fn(*args) on the event loop (dropped when it has closed)."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _hand_over(self, outputs: list[EngineCoreOutput]) -> None:
+        """Engine thread: queue a step's outputs for the loop. While the loop has not yet
+        taken the last ones, later steps join them, so a busy loop gets the tokens of
+        several steps in one call and each stream one merged chunk (fewer messages
+        exactly when the loop is the bottleneck, one per token when it keeps up)."""
+        with self._outbox_lock:
+            self._outbox.extend(outputs)
+            if self._outbox_scheduled:
+                return
+            self._outbox_scheduled = True
+        self._post(self._deliver)
+
+    def _deliver(self) -> None:
+        """Event loop: chunks into slots; stop strings finish their requests next step."""
+        with self._outbox_lock:
+            outputs, self._outbox = self._outbox, []
+            self._outbox_scheduled = False
+        to_stop = self.output_processor.process_outputs(outputs)
+        if to_stop:
+            with self._wake:
+                self._stops.extend(to_stop)
+                self._wake.notify()
+
+    # -- the engine thread -------------------------------------------------------------
+
+    def _release_held(self) -> None:
+        """Engine thread: hand every held output to the event loop. Called before the
+        engine waits and before anything else is posted to the loop (an expiry, an error),
+        and by _release_due when the stream interval is up."""
+        self._held_steps = 0
+        self._urgent.clear()
+        if self._held:
+            held, self._held = self._held, []
+            self._hand_over(held)
+
+    def _release_due(self, streams: int) -> None:
+        """Engine thread, just before a model pass: hand over the held outputs that are due.
+
+        Just before the pass, so that the loop's per-token work (text, chunks, gRPC
+        messages) overlaps the pass, which runs without the GIL, instead of competing with
+        the step's own Python. Every `stream_interval` passes everything held goes, so a
+        stream gets one chunk for that many steps' tokens; in between only the requests
+        whose first token or last chunk is held go (time to first token and the end of a
+        stream never wait)."""
+        self._held_steps += 1
+        if self._held_steps >= stream_interval(self.limits.stream_interval, streams):
+            self._release_held()
+            return
+        if self._urgent:
+            urgent, self._urgent = self._urgent, set()
+            due = [o for o in self._held if o.request_id in urgent]
+            self._held = [o for o in self._held if o.request_id not in urgent]
+            self._hand_over(due)
+
+    def _run_loop(self) -> None:
+        while True:
+            with self._wake:
+                if not self._has_work():
+                    self._release_held()
+                while not self._has_work():
+                    self._wake.wait()
+                self._apply_aborts_and_stops()
+                if self._stopping is not None:
+                    self._fail(list(self.scheduler.requests), self._stopping)
+                    return
+                output = self.scheduler.schedule()
+                if output.preempted_req_ids:
+                    self.runner.reset()
+                if output.expired_req_ids:
+                    self._on_loop(self.output_processor.expire_requests, output.expired_req_ids)
+                if output.is_empty:
+                    # Nothing fits now: wait for an abort, a new request or a deadline.
+                    self._release_held()
+                    self._wake.wait(timeout=0.01)
+                    continue
+            try:
+                self._step(output)
+            except Exception as exc:  # a failed step fails its requests, not the engine
+                log.error("engine.step_failed", model=self.name, error=repr(exc), exc_info=exc)
+                self.runner.reset()
+                error = (
+                    exc
+                    if isinstance(exc, TensordError)
+                    else InternalError(
+                        f"generation step failed ({type(exc).__name__}); the server log has "
+                        "the details (engine.step_failed)"
+                    )
+                )
+                with self._lock:
+                    self._fail([item.request_id for item in output.scheduled], error)
+
+    def _has_work(self) -> bool:
+        return bool(
+            self._aborts
+            or self._stops
+            or self._stopping
+            or self.scheduler.has_unfinished_requests()
+        )
+
+    def _apply_aborts_and_stops(self) -> None:
+        if self._aborts:
+            aborted, self._aborts = self._aborts, []
+            self.scheduler.abort(aborted)
+        if self._stops:
+            stopped, self._stops = self._stops, []
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+
+    def _step(self, output: SchedulerOutput) -> None:
+        items = [
+            StepItem(s.request_id, s.token_ids, s.start_pos, s.block_ids, s.sample)
+            for s in output.scheduled
+        ]
+        streams = len(items)
+        logits = self.runner.execute(items, before_run=lambda: self._release_due(streams))
+        sampled, logprobs = self._sample(output, logits)
+        with self._lock:
+            self._steps += 1
+            self._generated += len(sampled)
+            core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
+            requests = self.scheduler.requests
+            for out in core_outputs:
+                request = requests.get(out.request_id)
+                # Finished, or this output holds the request's first tokens.
+                if (
+                    request is None
+                    or out.finished
+                    or (request.num_output_tokens == len(out.new_token_ids))
+                ):
+                    self._urgent.add(out.request_id)
+        self._held.extend(core_outputs)
+
+    def _sample(
+        self, output: SchedulerOutput, logits: StepLogits
+    ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+        """One token per row of the step's logits, for the request the row belongs to."""
+        if not logits.request_ids:
+            return {}, {}
+        by_id = {s.request_id: s.request for s in output.scheduled if s.sample}
+        requests = [by_id[request_id] for request_id in logits.request_ids]
+        result = self.sampler.sample(logits.rows, requests)
+        sampled = dict(zip(logits.request_ids, result.token_ids.tolist(), strict=True))
+        logprobs = {
+            request_id: lp
+            for request_id, lp in zip(logits.request_ids, result.logprobs, strict=True)
+            if lp is not None
+        }
+        return sampled, logprobs
+
+    def _fail(self, request_ids: Sequence[str], error: TensordError) -> None:
+        """Under the lock: finish requests (blocks freed) and end their streams with error."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ERROR)
+        self._on_loop(self.output_processor.fail_requests, list(request_ids), error)

@@ -1,0 +1,60 @@
+"""What `tensord inspect` says of a decoder export: can Generate serve it, and how.
+
+It reads the directory as the loader does (model_dir.py) and, where that succeeds, opens
+and checks the session as the loader does (serving_graph.py), on the CPU: the same
+verdict the daemon reaches at load, without starting it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from tensord.errors import ModelLoadError
+from tensord.generate.model.model_dir import is_generator_dir, load_generator_dir
+from tensord.generate.model.serving_graph import open_serving_graph
+from tensord.modelconfig.model import ModelConfig
+
+
+def looks_like_decoder(path: Path, graph: onnx.GraphProto) -> bool:
+    """A graph with past_key_values inputs, or a file in a generator directory."""
+    has_past = any(value.name.startswith("past_key_values.") for value in graph.input)
+    return has_past or is_generator_dir(path.parent, path.name)
+
+
+def describe_generator(path: Path) -> dict[str, Any]:
+    """{"servable": bool, "reason": ...} plus, when servable, the spec and batch layout."""
+    try:
+        directory = load_generator_dir(path.parent, path.name)
+    except ModelLoadError as exc:
+        return {"servable": False, "reason": str(exc)}
+    spec = directory.spec
+    report: dict[str, Any] = {
+        "servable": True,
+        "model_type": spec.model_type,
+        "layers": spec.num_layers,
+        "attention_heads": spec.num_attention_heads,
+        "kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "context_length": spec.context_length,
+        "kv_dtype": spec.kv_dtype.name.lower(),
+        "kv_bytes_per_token": spec.kv_bytes_per_token,
+        "takes_position_ids": spec.has_position_ids,
+        "eos_token_ids": list(spec.eos_token_ids),
+        "notes": list(spec.notes),
+    }
+    try:
+        serving = open_serving_graph(spec, ModelConfig())
+    except ModelLoadError as exc:
+        report.update(servable=False, reason=str(exc))
+        return report
+    serving.backend.close()
+    report.update(
+        batch_layout=serving.layout.layout.value,
+        batch_layout_reason=serving.layout.reason,
+        feeds_position_ids=serving.position_ids,
+    )
+    return report
