@@ -30,7 +30,7 @@ help:
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
 	@echo "make gpu-wheels the wheels tests/gpu/run-offline.sh installs on an offline GPU host"
 	@echo "make gpu-ort-parts  onnxruntime-gpu in checksummed parts for an offline GPU host"
-	@echo "make lint       ruff and mypy"
+	@echo "make lint       ruff (check, format), mypy and the layers contract (lint-imports)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,13 +55,13 @@ SETUP_STAMP := $(if $(wildcard $(VENV)/.setup-gpu),$(VENV)/.setup-gpu,$(VENV)/.s
 
 # The test and lint tools (pytest, ruff, mypy, grpcio-tools, NVRTC for the kernel tests).
 $(VENV)/.setup-dev: pyproject.toml $(SETUP_STAMP)
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e clients/python -e ".[dev]"
 	touch $@
 
 # The tests also export Hugging Face models (the export extra: torch CPU, transformers,
 # optimum-onnx); serving does not need them.
 $(VENV)/.setup-export: pyproject.toml $(SETUP_STAMP)
-	$(PIP) install -e ".[export]"
+	$(PIP) install -e clients/python -e ".[export]"
 	touch $@
 
 setup: $(VENV)/.setup-cpu
@@ -173,7 +173,9 @@ gpu-ort-parts: | $(PY)
 
 lint: $(VENV)/.setup-dev
 	$(VENV)/bin/ruff check daemon clients/python tests benchmarks tools
+	$(VENV)/bin/ruff format --check daemon clients/python tests benchmarks tools
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) build protos/node_modules clients/node/node_modules

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tensord.generate.model.batch_layout import BatchLayout
 from tensord.generate.worker.decode_view import DecodeView, assemble, patch
 from tensord.generate.worker.kv_storage import KVStorage
+from tensord.modelconfig.generator import BatchLayout
 
 
 @dataclass(slots=True)
