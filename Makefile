@@ -111,7 +111,7 @@ $(DEMO_REPO)/.built: $(SETUP_STAMP) $(wildcard daemon/tensord/demo/*.py)
 demo: $(DEMO_REPO)/.built
 
 serve: $(SETUP_STAMP) demo
-	$(VENV)/bin/tensord serve --model-repository $(DEMO_REPO) $(ARGS)
+	TENSORD_SAY_HOW_TO_CALL=1 $(VENV)/bin/tensord serve --model-repository $(DEMO_REPO) $(ARGS)
 
 # Debian packages the metrics and load-balancer tests drive (promtool, nginx). We run as
 # root; where apt-get cannot install them, those tests skip (and fail under CI=true).

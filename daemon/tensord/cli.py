@@ -66,7 +66,7 @@ async def _serve(server_cls: Any, config: Any, config_loader: Any = None) -> int
     # On SIGHUP the server calls config_loader to read the file, variables and flags again.
     server = server_cls(config, config_loader=config_loader)
     hint = None
-    if _on_a_terminal(config.server.log_format):
+    if _on_a_terminal(config.server.log_format) or os.environ.get("TENSORD_SAY_HOW_TO_CALL"):
         hint = asyncio.ensure_future(_say_how_to_call(server))
     try:
         return int(await server.serve_until_signal())
@@ -80,7 +80,9 @@ def _on_a_terminal(log_format: str) -> bool:
 
 
 async def _say_how_to_call(server: Any) -> None:
-    """Once started, on a terminal: where the commands are and one to call the daemon."""
+    """Once started, on a terminal (or under `make serve`, which sets
+    TENSORD_SAY_HOW_TO_CALL): where the commands are and one to call the daemon. Off a
+    terminal the lines go to stderr, so that stdout stays JSON log lines."""
     await server.wait_started()
     target = f"127.0.0.1:{server.port}"
     listen = server.config.server.listen
@@ -100,7 +102,8 @@ async def _say_how_to_call(server: Any) -> None:
         command = str(tensorctl) if tensorctl.exists() else "tensorctl"
     default = target == "127.0.0.1:50051"
     lines.append(f"    {command}{'' if default else f' --target {target}'} health")
-    print("\n".join(lines), flush=True)
+    out = sys.stdout if sys.stdout.isatty() else sys.stderr
+    print("\n".join(lines), file=out, flush=True)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

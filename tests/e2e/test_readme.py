@@ -9,6 +9,7 @@ checkpoint it builds, with the README's own command).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -145,18 +146,28 @@ def test_serving_a_hugging_face_decoder(tmp_path: Path, demo_repo: Path) -> None
         daemon.terminate()
 
 
-def test_serve_on_a_terminal_says_how_to_call_it(demo_repo: Path, tmp_path: Path) -> None:
-    """`make serve` runs `tensord serve` in a terminal: once started it prints where the
-    commands are and one that calls it, and that command works."""
+@pytest.mark.parametrize("where", ["terminal", "make serve in a pipe"])
+def test_serve_says_how_to_call_it(demo_repo: Path, tmp_path: Path, where: str) -> None:
+    """`make serve` runs `tensord serve`: once started it prints where the commands are and
+    one that calls it, and that command works. On a terminal (console logs) the lines go to
+    stdout; off one (JSON logs, TENSORD_SAY_HOW_TO_CALL as make serve sets it) to stderr,
+    and stdout stays JSON."""
+    terminal = where == "terminal"
+    env = dict(os.environ)
+    env.pop("TENSORD_SAY_HOW_TO_CALL", None)
+    if not terminal:
+        env["TENSORD_SAY_HOW_TO_CALL"] = "1"
     process = subprocess.Popen(
         [str(VENV_BIN / "tensord"), "serve", "--model-repository", str(demo_repo),
-         "--listen", "127.0.0.1:0", "--log-format", "console"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+         "--listen", "127.0.0.1:0", "--log-format", "console" if terminal else "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT if terminal else subprocess.PIPE,
+        text=True, cwd=ROOT, env=env,
     )  # fmt: skip
     try:
-        assert process.stdout is not None
+        stream = process.stdout if terminal else process.stderr
+        assert stream is not None
         lines: list[str] = []
-        for line in process.stdout:
+        for line in stream:
             lines.append(line)
             if line.startswith("    ") and line.strip().endswith(" health"):
                 break
@@ -166,6 +177,9 @@ def test_serve_on_a_terminal_says_how_to_call_it(demo_repo: Path, tmp_path: Path
         assert command.startswith("tensorctl --target 127.0.0.1:"), said
         if (VENV_BIN / "activate").exists():
             assert f"source {os.path.relpath(VENV_BIN / 'activate', ROOT)}" in said
+        if not terminal:
+            assert process.stdout is not None
+            assert json.loads(process.stdout.readline())["event"] == "server.listening"
         out = shell(command, ROOT, "unused")
         assert "SERVING" in out
     finally:
