@@ -6,7 +6,8 @@ with one monotonic deadline: the arrival of the request that opened it plus
 max_queue_delay, kept when that request leaves. A full batch, or one that reaches a
 preferred size (the largest it can), dispatches at once, whatever another kind waits for.
 A request whose deadline passes in the queue, or whose client goes away, never runs and
-stops counting against max_queue_size.
+stops counting against max_queue_size (the deadline queue's entries, executor/deadlines.py,
+which the lanes use too).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from tensord.errors import DeadlineExceededError, ResourceExhaustedError, UnavailableError
+from tensord.errors import ResourceExhaustedError, UnavailableError
 from tensord.executor.base import RunResult
+from tensord.executor.deadlines import Queued
 
 log = structlog.get_logger("tensord.batching")
 
@@ -46,16 +48,13 @@ class BatchingSettings:
 
 
 @dataclass(slots=True, eq=False)
-class Pending:
+class Pending(Queued[RunResult]):
     """One queued request."""
 
     inputs: dict[str, np.ndarray]
     output_names: tuple[str, ...]
     key: tuple[object, ...]
     size: int
-    arrived: float
-    deadline: float | None
-    future: asyncio.Future[RunResult]
 
 
 @dataclass(slots=True)
@@ -122,41 +121,29 @@ class DynamicBatcher:
         if deadline is None and self.settings.default_timeout_s:
             deadline = now + self.settings.default_timeout_s
         size = next(iter(inputs.values())).shape[0] if inputs else 0
+        loop = asyncio.get_running_loop()
+        key = batch_key(inputs, output_names)
         pending = Pending(
-            inputs,
-            tuple(output_names),
-            batch_key(inputs, output_names),
-            size,
-            now,
-            deadline,
-            asyncio.get_running_loop().create_future(),
+            now, deadline, loop.create_future(), inputs, tuple(output_names), key, size
         )
         self._queue.append(pending)
         self._opened.setdefault(pending.key, now)
         self._arrival.set()
         self._ensure_loop()
-        loop = asyncio.get_running_loop()
-        timer = None if deadline is None else loop.call_at(deadline, self._expire, pending)
-        try:
-            return await pending.future
-        finally:
-            # gRPC ended the call at its deadline before our timer did (cancelling the task
-            # cancels the future it awaits): an expired request all the same.
-            unanswered = pending.future.cancelled() or not pending.future.done()
-            if unanswered and deadline is not None and time.monotonic() >= deadline:
-                self.stats.expired += 1
-            # A request that is still queued is skipped when the next batch forms.
-            pending.future.cancel()
-            if timer is not None:
-                timer.cancel()
+        return await pending.wait_in_queue(self._expired, self._left)
 
-    def _expire(self, pending: Pending) -> None:
-        if pending.future.done():
-            return
+    def _expired(self, pending: Pending) -> None:
         self.stats.expired += 1
-        pending.future.set_exception(
-            DeadlineExceededError.queued_or_running(time.monotonic() - pending.arrived)
-        )
+
+    def _left(self, pending: Pending) -> None:
+        # gRPC ended the call at its deadline before our timer did (cancelling the task
+        # cancels the future it awaits): an expired request all the same.
+        future = pending.future
+        unanswered = future.cancelled() or not future.done()
+        if unanswered and pending.deadline is not None and time.monotonic() >= pending.deadline:
+            self.stats.expired += 1
+        # A request that is still queued is skipped when the next batch forms.
+        future.cancel()
 
     def _ensure_loop(self) -> None:
         if self._loop_task is None or self._loop_task.done():
@@ -239,9 +226,10 @@ class DynamicBatcher:
         for pending in self._queue:
             if pending.future.done():
                 continue
-            if pending.deadline is not None and now >= pending.deadline:
+            expired = pending.expired_in_queue(now)
+            if expired is not None:
                 self.stats.expired += 1
-                pending.future.set_exception(DeadlineExceededError.in_queue(now - pending.arrived))
+                pending.future.set_exception(expired)
                 continue
             live.append(pending)
         self._queue = live

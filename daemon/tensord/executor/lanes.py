@@ -1,7 +1,8 @@
 """What every executor shares: worker threads as lanes, a queue with deadlines, counters.
 
 A request still queued when its deadline passes never runs; one whose client goes away is
-dropped from the queue. The event loop only awaits. Subclasses say how one batch runs on
+dropped from the queue (the deadline queue's entries, executor/deadlines.py, which the
+dynamic batcher uses too). The event loop only awaits. Subclasses say how one batch runs on
 one lane (`_execute`) and which buffer pools they keep.
 
 The lanes are plain threads on one `queue.SimpleQueue`, and a run hands its result to the
@@ -25,22 +26,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensord.cuda.pools import PoolStats
-from tensord.errors import DeadlineExceededError, UnavailableError
+from tensord.errors import UnavailableError
 from tensord.executor.base import ExecutorStats, LaneStats, RunResult
+from tensord.executor.deadlines import Queued
 
 _QUEUED, _STARTED, _DROPPED = 0, 1, 2
 
 
-@dataclass(slots=True, eq=False)  # eq=False: a run is itself, not its fields
-class _Run:
+@dataclass(slots=True, eq=False)
+class _Run(Queued[RunResult]):
     """One queued run; `state` changes under the executor's lock."""
 
     parts: Sequence[Mapping[str, np.ndarray]]
     output_names: Sequence[str]
-    deadline: float | None
-    submitted: float
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[RunResult]
     state: int = _QUEUED
 
     def settle(self, result: RunResult | None, error: BaseException | None) -> None:
@@ -114,24 +113,15 @@ class LaneExecutor:
         deadline: float | None = None,
     ) -> RunResult:
         """Queue one run; `deadline` is a time.monotonic() value or None."""
-        submitted = time.monotonic()
         loop = asyncio.get_running_loop()
-        run = _Run(parts, output_names, deadline, submitted, loop, loop.create_future())
+        run = _Run(time.monotonic(), deadline, loop.create_future(), parts, output_names, loop)
         with self._lock:
             if self._stopped:
                 raise _unloaded()
             self._queued += 1
         self._work.put(run)
-        # A bare timer rather than wait_for: one heap entry, no extra task or future.
-        timer = None
-        if deadline is not None:
-            timer = loop.call_at(deadline, self._expire, run)
-        try:
-            return await run.future
-        finally:
-            self._drop(run)  # a run that has not started never will (no-op once it has)
-            if timer is not None:
-                timer.cancel()
+        # A run that has not started when its caller stops waiting never will.
+        return await run.wait_in_queue(self._drop, self._drop)
 
     def _drop(self, run: _Run) -> bool:
         """Take a run that has not started out of the count; False if it already started."""
@@ -141,14 +131,6 @@ class LaneExecutor:
             run.state = _DROPPED
             self._queued -= 1
             return True
-
-    def _expire(self, run: _Run) -> None:
-        if run.future.done():
-            return
-        self._drop(run)
-        run.future.set_exception(
-            DeadlineExceededError.queued_or_running(time.monotonic() - run.submitted)
-        )
 
     def _lane_main(self, index: int) -> None:
         try:
@@ -175,8 +157,9 @@ class LaneExecutor:
                 run.settle(None, _unloaded())
                 return
             run.state = _STARTED
-            if run.deadline is not None and start >= run.deadline:
-                run.settle(None, DeadlineExceededError.in_queue(start - run.submitted))
+            expired = run.expired_in_queue(start)
+            if expired is not None:
+                run.settle(None, expired)
                 return
             lane.runs += 1
             self._running += 1
@@ -197,7 +180,7 @@ class LaneExecutor:
         if error is not None:
             run.settle(None, error)
         else:
-            run.settle(RunResult(outputs, start - run.submitted, end - start), None)
+            run.settle(RunResult(outputs, start - run.arrived, end - start), None)
         if idle:
             self._idle()
 
