@@ -93,11 +93,16 @@ class DeviceLostError(InternalError):
 
 
 class RateLimitedError(ResourceExhaustedError):
-    """A caller went over its request rate; `retry_after_s` says when the next one fits."""
+    """A caller went over its request rate; `retry_after_s` says when the next one fits,
+    `subject` who went over (e.g. `token:alice`) and `quota` which rate, in words."""
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
+    def __init__(
+        self, message: str, retry_after_s: float, subject: str = "", quota: str = ""
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.subject = subject
+        self.quota = quota
 
 
 class UnauthenticatedError(TensordError):

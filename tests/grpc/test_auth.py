@@ -13,6 +13,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_status import rpc_status
 
 from tensord.server.auth import hash_token, token_entry
 from tensord.v1 import inference_pb2 as pb
@@ -173,6 +174,12 @@ def test_rate_limit_answers_resource_exhausted_with_a_retry_hint(
         info = error_details_pb2.RetryInfo()
         assert status.details[0].Unpack(info)
         assert info.retry_delay.ToMilliseconds() == int(trailers["grpc-retry-pushback-ms"])
+        assert rpc_status.from_call(err) == status  # what grpcio-status reads back
+        quota = error_details_pb2.QuotaFailure()
+        assert status.details[1].Unpack(quota)
+        assert [(v.subject, v.description) for v in quota.violations] == [
+            ("token:limited", "rate limit of 1 requests/s (burst 2)")
+        ]
         time.sleep(wait)
         assert c.predict("mlp", {"input": X})["output"].shape == (1, 10)
     with client(auth_server, ADMIN) as c:  # other tokens are not held back

@@ -216,10 +216,13 @@ class Authenticator:
                 # second would otherwise give a wait no hint can hold).
                 wait = math.ceil(min(wait, _MAX_RETRY_S) * 1e3) / 1e3
                 rate = bucket.rate
+                quota = f"{rate.per_second:g} requests/s (burst {rate.burst})"
                 raise RateLimitedError(
-                    f"token {grant.principal.name!r} is over its rate limit of "
-                    f"{rate.per_second:g} requests/s (burst {rate.burst}); retry in {wait:.3f} s",
+                    f"token {grant.principal.name!r} is over its rate limit of {quota}; "
+                    f"retry in {wait:.3f} s",
                     wait,
+                    subject=f"token:{grant.principal.name}",
+                    quota=f"rate limit of {quota}",
                 )
         return grant.principal
 
