@@ -1,16 +1,39 @@
 """The daemon's configuration: a TOML file, overridden by TENSORD_* variables and CLI flags.
 
 Every field has a documented default; a bad value fails at start with the field's path.
+
+The layers are pydantic-settings sources, applied in that order (later ones win): the file,
+read by `TomlFileSource`; the environment, read by pydantic-settings' own
+`EnvSettingsSource` from the naming in `TensordConfig.model_config` (prefix `TENSORD_`, one
+`_` between a table and its key: TENSORD_SERVER_LISTEN is `server.listen`); the flags, an
+`InitSettingsSource`. Three parts stay hand-written, because pydantic-settings cannot
+express them:
+
+- merging and validating the layers (`load_config`): BaseSettings merges its sources before
+  it validates, so an error could not name the variable or flag its value came from, as
+  tensord's messages do ("TENSORD_SERVER_LISTEN: 1 invalid setting(s)");
+- reading the file: its TOML source skips a path that is missing or not a regular file
+  (tensord refuses it, naming the file), parses without tensord's bounds on size and
+  nesting (tensord.files.read_toml), and cannot make relative paths relative to the file;
+- the flags themselves: argparse in tensord.cli, as pydantic-settings' CLI source would name
+  every key as a flag (`--server.listen`), not the few documented short ones (`--listen`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from tensord.config_tables import (
     INT32_MAX,
@@ -107,10 +130,17 @@ class ServerSettings(Settings):
         return value
 
 
-class TensordConfig(Settings):
+class TensordConfig(BaseSettings, Settings):
     """The whole configuration file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="_",
+        env_nested_max_split=1,  # TENSORD_SERVER_MAX_RECEIVE_MESSAGE_BYTES: split once
+        case_sensitive=False,  # the source lower-cases; TensordEnvironment keeps exact names
+    )
 
     server: ServerSettings = ServerSettings()
     """Network, limits and logging."""
@@ -141,6 +171,19 @@ class TensordConfig(Settings):
             raise ValueError(f"expected a directory path, got {value!r}")
         return value
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """`TensordConfig()` is the defaults: load_config applies the file, the variables
+        and the flags, each from the source it was given."""
+        return (init_settings,)
+
 
 # Settings holding paths: relative ones in the file are relative to the file.
 _PATH_KEYS = (
@@ -151,6 +194,31 @@ _PATH_KEYS = (
     "tls.client_ca_file",
     "auth.token_file",
 )
+
+
+class TomlFileSource(InitSettingsSource):
+    """The config file's tables, read with tensord's bounds (a regular file of at most 4 MiB,
+    nested at most 64 levels), relative paths in it made relative to the file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(TensordConfig, _read_file(path))
+
+
+class TensordEnvironment(EnvSettingsSource):
+    """TENSORD_* variables, from `environ` (the process's environment by default). Only the
+    names `env_keys()` lists count, spelled exactly so: pydantic-settings alone would also
+    take lower-case names, whole tables as JSON (TENSORD_SERVER) and refuse a misspelt
+    variable as an unknown key, where the daemon has always ignored unknown variables."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        keys = env_keys()
+        given = os.environ if environ is None else environ
+        self._given = {name: value for name, value in given.items() if name in keys}
+        super().__init__(TensordConfig)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # The hook pydantic-settings' own dotenv source overrides to read elsewhere.
+        return {name.lower(): value for name, value in self._given.items()}
 
 
 def load_config(
@@ -166,19 +234,20 @@ def load_config(
     `override_names` says where each came from (a flag such as ``--listen``), so that an
     error names it rather than the file.
     """
-    data: dict[str, Any] = {}
+    data = TomlFileSource(path)() if path is not None else {}
     origins: dict[str, str] = {}
-    if path is not None:
-        data = _read_file(path)
-    keys = env_keys()
-    for variable, value in (os.environ if env is None else env).items():
-        if variable in keys:
-            _set_dotted(data, keys[variable], value)
-            origins[keys[variable]] = variable
-    for key, value in (overrides or {}).items():
-        if value is not None:
+    flags = {key: value for key, value in (overrides or {}).items() if value is not None}
+    nested: dict[str, Any] = {}
+    for key, value in flags.items():
+        _set_dotted(nested, key, value)
+    layers = (
+        (TensordEnvironment(env)(), lambda key: ENV_PREFIX + key.replace(".", "_").upper()),
+        (InitSettingsSource(TensordConfig, nested)(), _flag_name(override_names or {})),
+    )
+    for values, origin in layers:
+        for key, value in _leaves(values):
             _set_dotted(data, key, value)
-            origins[key] = (override_names or {}).get(key, f"override {key}")
+            origins[key] = origin(key)
     try:
         config = TensordConfig.model_validate(data)
     except ValidationError as exc:
@@ -191,6 +260,21 @@ def load_config(
             if isinstance(value, Path):
                 setattr(section, name, value.resolve())
     return config
+
+
+def _flag_name(names: Mapping[str, str]) -> Callable[[str], str]:
+    return lambda key: names.get(key, f"override {key}")
+
+
+def _leaves(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """The dotted keys of a source's nested tables, with their values."""
+    leaves: list[tuple[str, Any]] = []
+    for name, value in values.items():
+        if isinstance(value, Mapping):
+            leaves += _leaves(value, f"{prefix}{name}.")
+        else:
+            leaves.append((f"{prefix}{name}", value))
+    return leaves
 
 
 def _read_file(path: Path) -> dict[str, Any]:

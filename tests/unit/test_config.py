@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tensord.config import env_keys, load_config
+from tensord.config import TensordConfig, env_keys, load_config
 from tensord.errors import ConfigError, ModelLoadError
 from tensord.modelconfig.model import read_model_config
 
@@ -278,3 +278,27 @@ def test_ready_when_takes_one_of_three_policies() -> None:
         load_config(None, env={"TENSORD_SERVER_READY_WHEN": "some_models"})
     assert "server.ready_when: " in str(info.value)
     assert "'any_model', 'all_models' or 'always'" in str(info.value)
+
+
+def test_only_the_listed_variables_count_spelled_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {
+        "TENSORD_SERVER_LISTEN": "127.0.0.1:7",
+        "tensord_server_log_level": "debug",  # lower case: not a tensord variable
+        "TENSORD_SERVER_LISTN": "x",  # misspelt: ignored, as any unknown variable
+        "TENSORD_SERVER": '{"log_format": "json"}',  # a whole table: not a variable
+        "TENSORD_SERVER_MAX_RECEIVE_MESSAGE_BYTES": "2048",
+    }
+    config = load_config(None, env=env)
+    assert config.server.listen == "127.0.0.1:7"
+    assert (config.server.log_level, config.server.log_format) == ("info", "auto")
+    assert config.server.max_receive_message_bytes == 2048
+    monkeypatch.setenv("TENSORD_SERVER_LISTEN", "127.0.0.1:8")
+    assert load_config(None).server.listen == "127.0.0.1:8"  # the process's environment
+    assert TensordConfig().server.listen == "127.0.0.1:50051"  # the defaults alone
+
+
+def test_a_variable_under_a_key_that_is_not_a_table(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text("server = 3\n")
+    with pytest.raises(ConfigError, match=r"^server: expected a table, got 3$"):
+        load_config(path, env={"TENSORD_SERVER_LISTEN": "127.0.0.1:1"})
