@@ -1,11 +1,11 @@
 """The deadline queue's entries and waiting, shared by the lanes and the dynamic batcher.
 
 A queued request carries when it arrived, its deadline (a time.monotonic() value, or None)
-and the future its caller awaits. While the caller waits (`Queued.wait_in_queue`), a bare timer on
-the event loop fails it DEADLINE_EXCEEDED at its deadline, whether it is still queued or
-already running; whoever takes it off the queue checks the deadline once more
-(`Queued.expired_in_queue`), so a request whose deadline passed while it waited never runs; and
-when the caller stops waiting (answered, expired, or cancelled because its client went
+and the future its caller awaits. While the caller waits (`Queued.wait_in_queue`), a bare
+timer on the event loop fails it DEADLINE_EXCEEDED at its deadline, whether it is still
+queued or already running; whoever takes it off the queue checks the deadline once more
+(`Queued.expired_in_queue`), so a request whose deadline passed while it waited never runs;
+and when the caller stops waiting (answered, expired, or cancelled because its client went
 away) the queue is told, so a request nobody waits for never runs and holds no place.
 
 The queues themselves differ in what they hold and who takes from them (the batcher's
