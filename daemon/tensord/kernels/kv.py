@@ -67,21 +67,52 @@ def kv_gather(
 ) -> np.ndarray:
     """Right-aligned: out[b, :, P_max - seq_lens[b] + t, :] =
     pool[block_tables[b, t // bs], :, t % bs, :] for t < seq_lens[b], 0 in the columns
-    before. Writes into out [B, H, P_max, D] and returns it."""
+    before. Writes into out [B, H, P_max, D] and returns it.
+
+    The one gather of a sequence's past from the pool: the engine runs it on the host
+    (HostKVStorage), and it is the reference the CUDA kernel is checked against."""
     _check_common(pool, block_tables, {"seq_lens": seq_lens})
-    nb, _, bs, _ = pool.shape
+    nb, heads, bs, dim = pool.shape
     batch = block_tables.shape[0]
     _check_dense("out", out, pool, batch, "P_max")
     p_max = out.shape[2]
-    if seq_lens.size and (seq_lens.min() < 0 or seq_lens.max() > p_max):
-        raise ValueError(f"seq_lens must be within 0..{p_max} (P_max), got {seq_lens.tolist()}")
-    for b in range(batch):
-        n = int(seq_lens[b])
-        t = np.arange(n)
-        ids = _blocks(block_tables, b, t, bs, nb)
-        out[b, :, p_max - n :, :] = pool[ids, :, t % bs, :].transpose(1, 0, 2)
-        out[b, :, : p_max - n, :] = 0
+    lens: list[int] = seq_lens.tolist()
+    if lens and (min(lens) < 0 or max(lens) > p_max):
+        raise ValueError(f"seq_lens must be within 0..{p_max} (P_max), got {lens}")
+    if not batch:
+        return out
+    ids = _used_blocks(block_tables, lens, bs, nb)
+    # Each row's whole blocks (one fancy index), then into place: faster than indexing
+    # every position, and the per-row temporary stays small enough to be reused.
+    for row, length in enumerate(lens):
+        blocks = -(-length // bs)
+        out[row, :, : p_max - length] = 0
+        out[row, :, p_max - length :] = (
+            pool[ids[row, :blocks]].transpose(1, 0, 2, 3).reshape(heads, blocks * bs, dim)
+        )[:, :length]
     return out
+
+
+def _used_blocks(block_tables: np.ndarray, lens: list[int], bs: int, nb: int) -> np.ndarray:
+    """[B, most blocks used] block ids of each sequence's positions, checked against the
+    pool; entries past a sequence's length (often -1) are 0."""
+    used = [-(-n // bs) for n in lens]
+    need = max(used)
+    if need > block_tables.shape[1]:
+        b = next(b for b, n in enumerate(used) if n > block_tables.shape[1])
+        raise ValueError(
+            f"sequence {b}: position {lens[b] - 1} needs block table entry {used[b] - 1}, "
+            f"but the table has {block_tables.shape[1]}"
+        )
+    live = np.arange(need) < np.array(used)[:, None]
+    ids = np.where(live, block_tables[:, :need], 0)
+    if need and (ids.min() < 0 or ids.max() >= nb):
+        b, slot = (int(i) for i in np.argwhere((ids < 0) | (ids >= nb))[0])
+        raise ValueError(
+            f"sequence {b}: block table entry {slot} is {int(ids[b, slot])}, "
+            f"not a block of the pool (0..{nb - 1})"
+        )
+    return ids
 
 
 def kv_scatter(

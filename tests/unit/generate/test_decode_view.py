@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tensord.generate.worker.decode_view import TRIM_SLACK, DecodeView, assemble, patch
-from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 
 
 @dataclass
@@ -19,9 +19,9 @@ class Item:
     block_table: list[int] = field(default_factory=list)
 
 
-def _storage() -> KVStorage:
+def _storage() -> HostKVStorage:
     """48 blocks of 4; every pool holds distinct values."""
-    storage = KVStorage(KVShape(2, 2, 3, np.dtype(np.float32)), num_blocks=48, block_size=4)
+    storage = HostKVStorage(KVShape(2, 2, 3, np.dtype(np.float32)), num_blocks=48, block_size=4)
     rng = np.random.default_rng(0)
     for layer in storage.layers:
         for pool in layer:
@@ -37,12 +37,13 @@ def _items(**lengths: int) -> dict[str, Item]:
     }
 
 
-def _rows_match_pool(view: DecodeView, storage: KVStorage, items: dict[str, Item]) -> None:
+def _rows_match_pool(view: DecodeView, storage: HostKVStorage, items: dict[str, Item]) -> None:
     for r, rid in enumerate(view.request_ids):
         if rid is None:
             continue
         item = items[rid]
-        want = storage.gather([item.block_table], [item.start], view.width)
+        want = storage.reserve(1, view.width)
+        storage.gather([item.block_table], [item.start], want)
         assert view.lengths[r] == item.start
         assert view.mask[r].tolist() == [0] * (view.width - item.start) + [1] * item.start
         for j, tensor in enumerate(view.past):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 
 
 def _flat(pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
@@ -13,8 +13,19 @@ def _flat(pairs: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
     return [array for pair in pairs for array in pair]
 
 
-def _storage() -> KVStorage:
-    return KVStorage(KVShape(2, 2, 3, np.dtype(np.float32)), num_blocks=8, block_size=4)
+def _storage() -> HostKVStorage:
+    return HostKVStorage(KVShape(2, 2, 3, np.dtype(np.float32)), num_blocks=8, block_size=4)
+
+
+def _gathered(
+    storage: HostKVStorage, tables: list[list[int]], lengths: list[int], width: int
+) -> list[np.ndarray]:
+    """The pasts gathered into fresh tensors (NaN first, so unwritten columns show)."""
+    out = storage.reserve(len(tables), width)
+    for past in out:
+        past.fill(np.nan)
+    storage.gather(tables, lengths, out)
+    return out
 
 
 def test_scatter_then_gather_round_trip() -> None:
@@ -36,7 +47,7 @@ def test_scatter_then_gather_round_trip() -> None:
     assert np.array_equal(k0[2, :, 1, :], new[0][0][0, :, 2 + 5, :])
     assert np.array_equal(k0[1, :, 2, :], new[0][0][1, :, 2 + 2, :])
     assert not k0[0].any() and not k0[3].any()  # blocks nobody owns stay untouched
-    past = storage.gather(tables, lengths, width=11)
+    past = _gathered(storage, tables, lengths, width=11)
     for layer in range(2):
         for which in range(2):
             got = past[2 * layer + which]
@@ -45,7 +56,7 @@ def test_scatter_then_gather_round_trip() -> None:
             assert np.array_equal(got[1, :, 8:], new[layer][which][1, :, 2:5])
             assert not got[0, :, :1].any() and not got[1, :, :8].any()
     # Sequences that fill the width take the one-copy path; the same bytes.
-    full = storage.gather([tables[0]], [10], width=10)
+    full = _gathered(storage, [tables[0]], [10], width=10)
     assert np.array_equal(full[2][0], new[1][0][0, :, 2:12])
 
 
@@ -59,7 +70,7 @@ def test_scatter_appends_one_position() -> None:
 
 
 def test_storage_agrees_with_the_kernel_twins() -> None:
-    """KVStorage (vectorised, what the engine runs on the host) and the NumPy twins of
+    """HostKVStorage (vectorised, what the engine runs on the host) and the NumPy twins of
     kernels/kv_cache.cu (the reference the CUDA kernels are checked against) agree."""
     from tensord.kernels.kv import kv_gather, kv_scatter
 
@@ -89,7 +100,7 @@ def test_storage_agrees_with_the_kernel_twins() -> None:
     for (k, v), (tk, tv) in zip(storage.layers, twin_pools, strict=True):
         assert np.array_equal(k, tk) and np.array_equal(v, tv)
     lengths = [11, 6]
-    gathered = storage.gather(tables, lengths, width=12)
+    gathered = _gathered(storage, tables, lengths, width=12)
     for layer, (k_pool, _) in enumerate(storage.layers):
         out = np.full((2, 2, 12, 3), np.nan, np.float32)
         kv_gather(k_pool, tables32, np.array(lengths, np.int32), out)

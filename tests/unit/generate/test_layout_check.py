@@ -17,7 +17,7 @@ from tensord.errors import ModelLoadError
 from tensord.generate.model.batch_layout import BatchLayout, LayoutChoice, choose_layout, restrict
 from tensord.generate.model.layout_check import check_layout
 from tensord.generate.model.model_dir import read_generator_spec
-from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 from tensord.generate.worker.model_runner import ModelRunner
 from tensord.modelconfig.model import ModelConfig
 from tests.hf_families import ExportCache
@@ -37,7 +37,7 @@ def _runner(directory: Path, layout: BatchLayout, num_blocks: int = 32) -> Model
     spec = read_generator_spec(directory)
     backend = OnnxRuntimeBackend(spec.model_path, ModelConfig())
     shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.kv_dtype.numpy)
-    storage = KVStorage(shape, num_blocks=num_blocks, block_size=4)
+    storage = HostKVStorage(shape, num_blocks=num_blocks, block_size=4)
     return ModelRunner(backend.run, storage, spec.num_layers, spec.has_position_ids, layout=layout)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
 from tensord.generate.model.model_dir import read_generator_spec
-from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 from tensord.generate.worker.model_runner import ModelRunner, StepItem
 from tensord.modelconfig.model import ModelConfig
 from tests.generate_reference import ReferenceModel
@@ -22,11 +22,11 @@ def tinylm(demo_repo: Path) -> Path:
     return demo_repo / "tinylm"
 
 
-def _runner(directory: Path) -> tuple[ModelRunner, KVStorage]:
+def _runner(directory: Path) -> tuple[ModelRunner, HostKVStorage]:
     spec = read_generator_spec(directory)
     backend = OnnxRuntimeBackend(spec.model_path, ModelConfig())
     shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.kv_dtype.numpy)
-    storage = KVStorage(shape, num_blocks=64, block_size=BLOCK)
+    storage = HostKVStorage(shape, num_blocks=64, block_size=BLOCK)
     return ModelRunner(backend.run, storage, spec.num_layers, spec.has_position_ids), storage
 
 
@@ -60,7 +60,8 @@ def test_ragged_batch_decodes_like_the_reference(tinylm: Path) -> None:
     assert len({tuple(o) for o in outputs}) == 3  # different prompts, different outputs
     # The pool holds the keys of every computed position: gather one back and compare
     # with a fresh prefill's present (position 3 of prompt 1, layer 0).
-    past = storage.gather([tables[1]], [len(prompts[1])], len(prompts[1]))
+    past = storage.reserve(1, len(prompts[1]))
+    storage.gather([tables[1]], [len(prompts[1])], past)
     assert past[0].shape[2] == len(prompts[1]) and np.abs(past[0]).sum() > 0
 
 

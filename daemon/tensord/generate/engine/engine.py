@@ -37,7 +37,7 @@ from tensord.generate.core.scheduler_output import SchedulerOutput
 from tensord.generate.engine.output_processor import OutputProcessor, RequestOutputCollector
 from tensord.generate.model.batch_layout import LayoutChoice, choose_layout
 from tensord.generate.model.model_dir import GeneratorDirectory, GeneratorSpec
-from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 from tensord.generate.worker.model_runner import ModelRunner, PassStats, StepItem, StepLogits
 from tensord.generate.worker.sampler import Sampler
 from tensord.modelconfig.generator import GeneratorLimits
@@ -108,7 +108,7 @@ class GenerationEngine:
         self.directory = directory
         self.limits = limits
         shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.kv_dtype.numpy)
-        self.storage = KVStorage(shape, limits.num_blocks, limits.block_size)
+        self.storage = HostKVStorage(shape, limits.num_blocks, limits.block_size)
         self.kv_cache_manager = KVCacheManager(limits.num_blocks, limits.block_size)
         self.scheduler = Scheduler(
             SchedulerConfig(

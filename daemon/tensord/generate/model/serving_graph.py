@@ -26,7 +26,7 @@ from tensord.generate.model.batch_layout import BatchLayout, LayoutChoice, choos
 from tensord.generate.model.graph_rewrite import add_position_ids
 from tensord.generate.model.layout_check import check_layout
 from tensord.generate.model.model_dir import GeneratorSpec
-from tensord.generate.worker.kv_storage import KVShape, KVStorage
+from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 from tensord.generate.worker.model_runner import ModelRunner
 from tensord.modelconfig.model import ModelConfig
 
@@ -57,7 +57,7 @@ def _check(
     shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.kv_dtype.numpy)
     runner = ModelRunner(
         backend.run,
-        KVStorage(shape, _CHECK_BLOCKS, _CHECK_BLOCK_SIZE),
+        HostKVStorage(shape, _CHECK_BLOCKS, _CHECK_BLOCK_SIZE),
         spec.num_layers,
         position_ids,
         pad_token_id=spec.pad_token_id or 0,

@@ -86,9 +86,7 @@ def patch(
     ):
         return None
     for r, item in zip(free, fresh, strict=False):
-        gathered = storage.gather([item.block_table], [item.start], view.width)
-        for j, tensor in enumerate(view.past):
-            tensor[r] = gathered[j][0]
+        storage.gather([item.block_table], [item.start], [t[r : r + 1] for t in view.past])
         view.request_ids[r], view.lengths[r] = item.request_id, item.start
         view.mask[r] = right_aligned_mask([item.start], view.width)[0]
     for r in free[len(fresh) :]:
@@ -123,20 +121,16 @@ def assemble(
     ordered = [i for _, members, _ in kept.values() for i in members] + fresh
     lengths = [i.start for i in ordered]
     width = max(lengths)
-    shape = storage.shape
-    count = 2 * shape.num_layers
-    dims = (len(ordered), shape.kv_heads, width, shape.head_dim)
-    out = [np.empty(dims, shape.dtype) for _ in range(count)]
+    out = storage.reserve(len(ordered), width)
     start = 0
     for old, _, rows in kept.values():
         index = np.array(rows, np.intp)
-        for j in range(count):
-            _copy_rows(old.past[j], index, out[j][start : start + len(rows)])
+        for src, dst in zip(old.past, out, strict=True):
+            _copy_rows(src, index, dst[start : start + len(rows)])
         start += len(rows)
     if fresh:
-        gathered = storage.gather([i.block_table for i in fresh], [i.start for i in fresh], width)
-        for j in range(count):
-            out[j][start:] = gathered[j]
+        tables = [i.block_table for i in fresh]
+        storage.gather(tables, [i.start for i in fresh], [t[start:] for t in out])
     mask = right_aligned_mask(lengths, width)
     return DecodeView([i.request_id for i in ordered], lengths, mask, out)
 

@@ -1,5 +1,10 @@
 """The bytes of the paged KV cache: per layer, a key pool and a value pool of blocks.
 
+`KVStorage` is what the model runner asks of wherever the bytes live: reserve past
+tensors, gather block tables into them, scatter a step's new keys and values back.
+`HostKVStorage` keeps them in host memory (NumPy); device memory on an executor lane
+would be a second implementation of the same interface, not a second execution path.
+
 Layout (shared with the CUDA kernels in kernels/kv_cache.cu): each pool is
 [num_blocks, kv_heads, block_size, head_dim] in the model's float dtype. Block j of a
 sequence's block table holds its positions [j*block_size, (j+1)*block_size). The block
@@ -13,8 +18,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+from tensord.kernels.kv import kv_gather
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +40,42 @@ class KVShape:
         return 2 * self.num_layers * self.kv_heads * self.head_dim * self.dtype.itemsize
 
 
-class KVStorage:
-    """The pools' memory: `layers[i] = (keys, values)`, allocated once."""
+class KVStorage(Protocol):
+    """Where a model's KV bytes live, as the model runner and its decode views use them.
+
+    Past tensors are [key 0, value 0, key 1, ...], each [B, kv_heads, width, head_dim];
+    a sequence's past is right-aligned (its last columns), zeros before."""
+
+    shape: KVShape
+    num_blocks: int
+    block_size: int
+
+    def reserve(self, batch: int, width: int) -> list[np.ndarray]:
+        """Uninitialised past tensors for `batch` sequences of `width` positions."""
+        ...
+
+    def gather(
+        self, tables: Sequence[Sequence[int]], lengths: Sequence[int], out: Sequence[np.ndarray]
+    ) -> None:
+        """Fill `out` (past tensors, or rows of one) with each sequence's first
+        lengths[b] positions, right-aligned."""
+        ...
+
+    def scatter(
+        self,
+        tables: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        counts: Sequence[int],
+        new: Sequence[np.ndarray],
+        offset: int,
+        rows: Sequence[int] | None = None,
+    ) -> None:
+        """Write a step's new keys and values (the model's `present` outputs) into blocks."""
+        ...
+
+
+class HostKVStorage:
+    """KVStorage in host memory: `layers[i] = (keys, values)`, allocated once."""
 
     def __init__(self, shape: KVShape, num_blocks: int, block_size: int) -> None:
         self.shape = shape
@@ -50,18 +92,23 @@ class KVStorage:
         """Bytes held by every pool."""
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
+    def reserve(self, batch: int, width: int) -> list[np.ndarray]:
+        """Uninitialised past tensors [key 0, value 0, key 1, ...], each [batch, kv_heads,
+        width, head_dim], for a gather or a decode view to fill."""
+        dims = (batch, self.shape.kv_heads, width, self.shape.head_dim)
+        return [np.empty(dims, self.shape.dtype) for _ in range(2 * self.shape.num_layers)]
+
     def gather(
-        self, tables: Sequence[Sequence[int]], lengths: Sequence[int], width: int
-    ) -> list[np.ndarray]:
-        """Past keys and values [key 0, value 0, key 1, ...], each [B, kv_heads, width,
-        head_dim]: sequence b's first lengths[b] positions right-aligned (in the last
-        lengths[b] columns), zeros before them."""
-        index, blocks = _block_index(tables, lengths, width, self.block_size)
-        return [
-            kv_gather(pool, index, lengths, width, blocks)
-            for layer in self.layers
-            for pool in layer
-        ]
+        self, tables: Sequence[Sequence[int]], lengths: Sequence[int], out: Sequence[np.ndarray]
+    ) -> None:
+        """Fill out = [key 0, value 0, key 1, ...], each [B, kv_heads, width, head_dim]:
+        sequence b's first lengths[b] positions right-aligned (in the last lengths[b]
+        columns), zeros before them."""
+        width = out[0].shape[2] if out else 0
+        index = block_tables(tables, lengths, width, self.block_size)
+        seq_lens = np.asarray(lengths, np.int32)
+        for pool, past in zip((p for layer in self.layers for p in layer), out, strict=True):
+            kv_gather(pool, index, seq_lens, past)
 
     def scatter(
         self,
@@ -105,37 +152,17 @@ def _reserved(dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return array
 
 
-def _block_index(
+def block_tables(
     tables: Sequence[Sequence[int]], lengths: Sequence[int], width: int, block_size: int
-) -> tuple[np.ndarray, int]:
-    """[B, blocks] block ids covering `width` positions (0 where a table is shorter)."""
+) -> np.ndarray:
+    """int32 [B, blocks] block ids covering `width` positions, -1 where a table is shorter
+    (the kernels' layout)."""
     blocks = -(-width // block_size)
-    index = np.zeros((len(tables), blocks), np.int64)
+    index = np.full((len(tables), blocks), -1, np.int32)
     for b, (table, length) in enumerate(zip(tables, lengths, strict=True)):
         used = -(-length // block_size)
         index[b, :used] = table[:used]
-    return index, blocks
-
-
-def kv_gather(
-    pool: np.ndarray, index: np.ndarray, lengths: Sequence[int], width: int, blocks: int
-) -> np.ndarray:
-    """One pool's gather: [B, heads, width, dim], each sequence right-aligned, zeros before."""
-    b, (_, heads, block_size, dim) = index.shape[0], pool.shape
-    if all(length == width for length in lengths):
-        return np.ascontiguousarray(
-            pool[index]
-            .transpose(0, 2, 1, 3, 4)
-            .reshape(b, heads, blocks * block_size, dim)[:, :, :width]
-        )
-    # Whole blocks first (one fancy index), then each row into place: as fast as the
-    # left-aligned gather, and faster than indexing every position.
-    gathered = pool[index].transpose(0, 2, 1, 3, 4).reshape(b, heads, blocks * block_size, dim)
-    out = np.empty((b, heads, width, dim), pool.dtype)
-    for row, length in enumerate(lengths):
-        out[row, :, : width - length] = 0
-        out[row, :, width - length :] = gathered[row, :, :length]
-    return out
+    return index
 
 
 def scatter_index(

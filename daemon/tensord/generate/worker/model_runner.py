@@ -192,7 +192,8 @@ class ModelRunner:
             mask[row, width - item.start : width + n] = 1
             positions[row] = item.start + np.minimum(np.arange(t_max), n - 1)
         tables = [i.block_table for i in items]
-        past = self.storage.gather(tables, [i.start for i in items], width)
+        past = self.storage.reserve(b, width)
+        self.storage.gather(tables, [i.start for i in items], past)
         logits, present = self._run(ids, mask, positions, past)
         counts = [len(i.token_ids) for i in items]
         self.storage.scatter(tables, [i.start for i in items], counts, present, width)
