@@ -15,8 +15,8 @@ from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 @dataclass
 class Item:
     request_id: str
-    start: int
-    block_table: list[int] = field(default_factory=list)
+    start_pos: int
+    block_ids: list[int] = field(default_factory=list)
 
 
 def _storage() -> HostKVStorage:
@@ -43,9 +43,9 @@ def _rows_match_pool(view: DecodeView, storage: HostKVStorage, items: dict[str, 
             continue
         item = items[rid]
         want = storage.reserve(1, view.width)
-        storage.gather([item.block_table], [item.start], want)
-        assert view.lengths[r] == item.start
-        assert view.mask[r].tolist() == [0] * (view.width - item.start) + [1] * item.start
+        storage.gather([item.block_ids], [item.start_pos], want)
+        assert view.lengths[r] == item.start_pos
+        assert view.mask[r].tolist() == [0] * (view.width - item.start_pos) + [1] * item.start_pos
         for j, tensor in enumerate(view.past):
             np.testing.assert_array_equal(tensor[r], want[j][0])
 

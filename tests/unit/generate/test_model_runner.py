@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
+from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.model.model_dir import read_generator_spec
 from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
-from tensord.generate.worker.model_runner import ModelRunner, StepItem
+from tensord.generate.worker.model_runner import ModelRunner
 from tensord.modelconfig.model import ModelConfig
 from tests.generate_reference import ReferenceModel
 
@@ -41,13 +42,15 @@ def test_ragged_batch_decodes_like_the_reference(tinylm: Path) -> None:
     new_tokens = 12
     outputs: list[list[int]] = [[] for _ in prompts]
     # Prefill all three at once (ragged), then decode them together.
-    items = [StepItem(str(i), prompt, 0, tables[i]) for i, prompt in enumerate(prompts)]
+    items = [ScheduledRequest(str(i), prompt, 0, tables[i]) for i, prompt in enumerate(prompts)]
     logits = runner.execute(items)
     for i in range(3):
         outputs[i].append(int(logits[str(i)].argmax()))
     for _ in range(new_tokens - 1):
         items = [
-            StepItem(str(i), [outputs[i][-1]], len(prompts[i]) + len(outputs[i]) - 1, tables[i])
+            ScheduledRequest(
+                str(i), [outputs[i][-1]], len(prompts[i]) + len(outputs[i]) - 1, tables[i]
+            )
             for i in range(3)
         ]
         logits = runner.execute(items)
@@ -71,22 +74,29 @@ def test_chunked_prefill_and_membership_changes(tinylm: Path) -> None:
     a = list(range(40, 53))  # 13 tokens, prefilled in chunks of 5, 5, 3
     b = list(range(300, 306))
     ta, tb = list(range(0, 8)), list(range(8, 16))
-    runner.execute([StepItem("a", a[:5], 0, ta, wants_logits=False)])
-    runner.execute([StepItem("a", a[5:10], 5, ta, wants_logits=False)])
-    out_a = [int(runner.execute([StepItem("a", a[10:], 10, ta)])["a"].argmax())]
+    runner.execute([ScheduledRequest("a", a[:5], 0, ta, sample=False)])
+    runner.execute([ScheduledRequest("a", a[5:10], 5, ta, sample=False)])
+    out_a = [int(runner.execute([ScheduledRequest("a", a[10:], 10, ta)])["a"].argmax())]
     # a decodes alone, then b joins (prefill + decode in one step), then a leaves.
-    out_a.append(int(runner.execute([StepItem("a", [out_a[-1]], 13, ta)])["a"].argmax()))
-    step = runner.execute([StepItem("a", [out_a[-1]], 14, ta), StepItem("b", b, 0, tb)])
+    out_a.append(int(runner.execute([ScheduledRequest("a", [out_a[-1]], 13, ta)])["a"].argmax()))
+    step = runner.execute(
+        [ScheduledRequest("a", [out_a[-1]], 14, ta), ScheduledRequest("b", b, 0, tb)]
+    )
     out_a.append(int(step["a"].argmax()))
     out_b = [int(step["b"].argmax())]
     for n in range(3):
         step = runner.execute(
-            [StepItem("a", [out_a[-1]], 15 + n, ta), StepItem("b", [out_b[-1]], 6 + n, tb)]
+            [
+                ScheduledRequest("a", [out_a[-1]], 15 + n, ta),
+                ScheduledRequest("b", [out_b[-1]], 6 + n, tb),
+            ]
         )
         out_a.append(int(step["a"].argmax()))
         out_b.append(int(step["b"].argmax()))
     for n in range(2):
-        out_b.append(int(runner.execute([StepItem("b", [out_b[-1]], 9 + n, tb)])["b"].argmax()))
+        out_b.append(
+            int(runner.execute([ScheduledRequest("b", [out_b[-1]], 9 + n, tb)])["b"].argmax())
+        )
     reference.greedy(a, len(out_a)).check(out_a)
     reference.greedy(b, len(out_b)).check(out_b)
     assert len(out_a) == 6 and len(out_b) == 6
@@ -100,14 +110,14 @@ def test_one_token_chunks_beside_decodes(tinylm: Path) -> None:
     a = list(range(60, 66))
     b = list(range(400, 404))
     ta, tb = list(range(0, 8)), list(range(8, 16))
-    out_b = [int(runner.execute([StepItem("b", b, 0, tb)])["b"].argmax())]
+    out_b = [int(runner.execute([ScheduledRequest("b", b, 0, tb)])["b"].argmax())]
     out_a: list[int] = []
     for pos in range(len(a)):
         last = pos == len(a) - 1
         step = runner.execute(
             [
-                StepItem("b", [out_b[-1]], len(b) + len(out_b) - 1, tb),
-                StepItem("a", [a[pos]], pos, ta, wants_logits=last),
+                ScheduledRequest("b", [out_b[-1]], len(b) + len(out_b) - 1, tb),
+                ScheduledRequest("a", [a[pos]], pos, ta, sample=last),
             ]
         )
         assert sorted(step.request_ids) == (["a", "b"] if last else ["b"])
@@ -117,8 +127,8 @@ def test_one_token_chunks_beside_decodes(tinylm: Path) -> None:
     for _ in range(3):
         step = runner.execute(
             [
-                StepItem("a", [out_a[-1]], len(a) + len(out_a) - 1, ta),
-                StepItem("b", [out_b[-1]], len(b) + len(out_b) - 1, tb),
+                ScheduledRequest("a", [out_a[-1]], len(a) + len(out_a) - 1, ta),
+                ScheduledRequest("b", [out_b[-1]], len(b) + len(out_b) - 1, tb),
             ]
         )
         out_a.append(int(step["a"].argmax()))

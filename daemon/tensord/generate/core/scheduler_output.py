@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tensord.generate.core.request import Request
@@ -18,14 +19,15 @@ class ScheduledRequest:
     """
 
     request_id: str
-    request: Request
-    """The request itself, for the sampler (read only: the scheduler owns its state)."""
-    token_ids: list[int]
+    token_ids: Sequence[int]
     start_pos: int
     """Tokens already computed: the position of token_ids[0]."""
-    block_ids: list[int]
+    block_ids: Sequence[int]
     """The block table: block j holds positions [j*block_size, (j+1)*block_size)."""
-    sample: bool
+    sample: bool = True
+    request: Request | None = None
+    """The request itself, for the sampler (read only: the scheduler owns its state); None
+    in steps run without a scheduler (the load-time layout check and warm-up)."""
 
     @property
     def num_tokens(self) -> int:

@@ -38,7 +38,7 @@ from tensord.generate.engine.output_processor import OutputProcessor, RequestOut
 from tensord.generate.model.batch_layout import LayoutChoice, choose_layout
 from tensord.generate.model.model_dir import GeneratorDirectory, GeneratorSpec
 from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
-from tensord.generate.worker.model_runner import ModelRunner, PassStats, StepItem, StepLogits
+from tensord.generate.worker.model_runner import ModelRunner, PassStats, StepLogits
 from tensord.generate.worker.sampler import Sampler
 from tensord.modelconfig.generator import GeneratorLimits
 
@@ -364,12 +364,10 @@ class GenerationEngine:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
 
     def _step(self, output: SchedulerOutput) -> None:
-        items = [
-            StepItem(s.request_id, s.token_ids, s.start_pos, s.block_ids, s.sample)
-            for s in output.scheduled
-        ]
-        streams = len(items)
-        logits = self.runner.execute(items, before_run=lambda: self._release_due(streams))
+        streams = len(output.scheduled)
+        logits = self.runner.execute(
+            output.scheduled, before_run=lambda: self._release_due(streams)
+        )
         sampled, logprobs = self._sample(output, logits)
         with self._lock:
             self._steps += 1
@@ -393,7 +391,7 @@ class GenerationEngine:
         """One token per row of the step's logits, for the request the row belongs to."""
         if not logits.request_ids:
             return {}, {}
-        by_id = {s.request_id: s.request for s in output.scheduled if s.sample}
+        by_id = {s.request_id: s.request for s in output.scheduled if s.request is not None}
         requests = [by_id[request_id] for request_id in logits.request_ids]
         result = self.sampler.sample(logits.rows, requests)
         sampled = dict(zip(logits.request_ids, result.token_ids.tolist(), strict=True))

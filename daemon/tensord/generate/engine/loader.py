@@ -8,10 +8,11 @@ import structlog
 
 from tensord.backends.base import BackendPlacement, DeviceOptions, TensorSpec
 from tensord.errors import ModelLoadError
+from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.engine.engine import GenerationEngine
 from tensord.generate.model.model_dir import load_generator_dir
 from tensord.generate.model.serving_graph import open_serving_graph
-from tensord.generate.worker.model_runner import PassStats, StepItem
+from tensord.generate.worker.model_runner import PassStats
 from tensord.modelconfig.generator import GeneratorConfig
 from tensord.modelconfig.model import ModelConfig
 
@@ -60,7 +61,7 @@ def _warm_up(engine: GenerationEngine) -> None:
     spec = engine.directory.spec
     token = spec.bos_token_id if spec.bos_token_id is not None else 0
     table = [0] if engine.storage.block_size > 1 else [0, 1]
-    engine.runner.execute([StepItem("warm-up", [token], 0, table)])
-    engine.runner.execute([StepItem("warm-up", [token], 1, table)])
+    engine.runner.execute([ScheduledRequest("warm-up", [token], 0, table)])
+    engine.runner.execute([ScheduledRequest("warm-up", [token], 1, table)])
     engine.runner.reset()
     engine.runner.stats = PassStats()

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensord.errors import ModelLoadError
+from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.model.batch_layout import BatchLayout, LayoutChoice
-from tensord.generate.worker.model_runner import ModelRunner, StepItem
+from tensord.generate.worker.model_runner import ModelRunner
 
 _LENGTH = 6
 """Tokens of the probe sequence: a 5-token prefill, then one decode step."""
@@ -52,7 +53,7 @@ def _difference(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want64).max()) / scale
 
 
-def _run(runner: ModelRunner, items: Sequence[StepItem]) -> dict[str, np.ndarray]:
+def _run(runner: ModelRunner, items: Sequence[ScheduledRequest]) -> dict[str, np.ndarray]:
     logits = runner.execute(items)
     return {rid: np.array(logits[rid]) for rid in logits.request_ids}
 
@@ -63,10 +64,10 @@ def _alone(probe: _Probe) -> tuple[np.ndarray, np.ndarray]:
     a, ta = probe.tokens[0], probe.tables[0]
     runner = probe.runner
     runner.reset()
-    prefill = _run(runner, [StepItem("a", a[:-1], 0, ta)])["a"]
-    decode = _run(runner, [StepItem("a", a[-1:], _LENGTH - 1, ta)])["a"]
+    prefill = _run(runner, [ScheduledRequest("a", a[:-1], 0, ta)])["a"]
+    decode = _run(runner, [ScheduledRequest("a", a[-1:], _LENGTH - 1, ta)])["a"]
     runner.reset()
-    whole = _run(runner, [StepItem("a", a, 0, ta)])["a"]
+    whole = _run(runner, [ScheduledRequest("a", a, 0, ta)])["a"]
     runner.reset()
     off = _difference(decode, whole)
     if off > probe.tolerance:
@@ -84,11 +85,24 @@ def _padded_off(probe: _Probe, prefill: np.ndarray, decode: np.ndarray) -> float
     (a, b, _), (ta, tb, _) = probe.tokens, probe.tables
     runner = probe.runner
     runner.reset()
-    _run(runner, [StepItem("a", a[:3], 0, ta, False), StepItem("b", b[: 3 + _GAP], 0, tb, False)])
+    _run(
+        runner,
+        [
+            ScheduledRequest("a", a[:3], 0, ta, False),
+            ScheduledRequest("b", b[: 3 + _GAP], 0, tb, False),
+        ],
+    )
     chunk = _run(
-        runner, [StepItem("a", a[3:5], 3, ta), StepItem("b", b[3 + _GAP : 5 + _GAP], 3 + _GAP, tb)]
+        runner,
+        [
+            ScheduledRequest("a", a[3:5], 3, ta),
+            ScheduledRequest("b", b[3 + _GAP : 5 + _GAP], 3 + _GAP, tb),
+        ],
     )["a"]
-    step = _run(runner, [StepItem("a", a[5:], 5, ta), StepItem("b", b[5 + _GAP :], 5 + _GAP, tb)])
+    step = _run(
+        runner,
+        [ScheduledRequest("a", a[5:], 5, ta), ScheduledRequest("b", b[5 + _GAP :], 5 + _GAP, tb)],
+    )
     runner.reset()
     return max(_difference(chunk, prefill), _difference(step["a"], decode))
 
@@ -99,8 +113,12 @@ def _equal_off(probe: _Probe, prefill: np.ndarray, decode: np.ndarray) -> float:
     (a, _, c), (ta, _, tc) = probe.tokens, probe.tables
     runner = probe.runner
     runner.reset()
-    first = _run(runner, [StepItem("a", a[:5], 0, ta), StepItem("c", c, 0, tc, False)])["a"]
-    step = _run(runner, [StepItem("a", a[5:], 5, ta), StepItem("c", c[5:6], 5, tc)])["a"]
+    first = _run(
+        runner, [ScheduledRequest("a", a[:5], 0, ta), ScheduledRequest("c", c, 0, tc, False)]
+    )["a"]
+    step = _run(
+        runner, [ScheduledRequest("a", a[5:], 5, ta), ScheduledRequest("c", c[5:6], 5, tc)]
+    )["a"]
     runner.reset()
     return max(_difference(first, prefill), _difference(step, decode))
 

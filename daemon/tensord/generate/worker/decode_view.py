@@ -30,11 +30,14 @@ attention and ONNX Runtime's past + new copy grow with the width."""
 
 
 class Decoding(Protocol):
-    """What a view needs of a step item."""
+    """What a view reads of a scheduled request (core's ScheduledRequest)."""
 
-    request_id: str
-    start: int
-    block_table: Sequence[int]
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def start_pos(self) -> int: ...
+    @property
+    def block_ids(self) -> Sequence[int]: ...
 
 
 @dataclass(slots=True)
@@ -71,13 +74,15 @@ def patch(
     must be assembled. Without `free_rows` only the same sequences, one step on, fit."""
     rows = {rid: r for r, rid in enumerate(view.request_ids) if rid is not None}
     keep = {
-        rid for rid, item in items.items() if rid in rows and view.lengths[rows[rid]] == item.start
+        rid
+        for rid, item in items.items()
+        if rid in rows and view.lengths[rows[rid]] == item.start_pos
     }
     fresh = [item for rid, item in items.items() if rid not in keep]
     free = [r for r, rid in enumerate(view.request_ids) if rid not in keep]
     if not free_rows and (fresh or free):
         return None
-    longest = max(item.start for item in items.values())
+    longest = max(item.start_pos for item in items.values())
     if (
         len(fresh) > len(free)
         or longest > view.width
@@ -86,9 +91,9 @@ def patch(
     ):
         return None
     for r, item in zip(free, fresh, strict=False):
-        storage.gather([item.block_table], [item.start], [t[r : r + 1] for t in view.past])
-        view.request_ids[r], view.lengths[r] = item.request_id, item.start
-        view.mask[r] = right_aligned_mask([item.start], view.width)[0]
+        storage.gather([item.block_ids], [item.start_pos], [t[r : r + 1] for t in view.past])
+        view.request_ids[r], view.lengths[r] = item.request_id, item.start_pos
+        view.mask[r] = right_aligned_mask([item.start_pos], view.width)[0]
     for r in free[len(fresh) :]:
         view.request_ids[r], view.lengths[r] = None, 0
         view.mask[r] = 0
@@ -109,7 +114,7 @@ def assemble(
     fresh: list[Decoding] = []
     for item in items:
         source = found.get(item.request_id)
-        if source is not None and source[0].lengths[source[1]] == item.start:
+        if source is not None and source[0].lengths[source[1]] == item.start_pos:
             group = kept.setdefault(id(source[0]), (source[0], [], []))
             group[1].append(item)
             group[2].append(source[1])
@@ -119,7 +124,7 @@ def assemble(
         pairs = sorted(zip(rows, members, strict=True), key=lambda pair: pair[0])
         rows[:], members[:] = [r for r, _ in pairs], [m for _, m in pairs]
     ordered = [i for _, members, _ in kept.values() for i in members] + fresh
-    lengths = [i.start for i in ordered]
+    lengths = [i.start_pos for i in ordered]
     width = max(lengths)
     out = storage.reserve(len(ordered), width)
     start = 0
@@ -129,8 +134,8 @@ def assemble(
             _copy_rows(src, index, dst[start : start + len(rows)])
         start += len(rows)
     if fresh:
-        tables = [i.block_table for i in fresh]
-        storage.gather(tables, [i.start for i in fresh], [t[start:] for t in out])
+        tables = [i.block_ids for i in fresh]
+        storage.gather(tables, [i.start_pos for i in fresh], [t[start:] for t in out])
     mask = right_aligned_mask(lengths, width)
     return DecodeView([i.request_id for i in ordered], lengths, mask, out)
 

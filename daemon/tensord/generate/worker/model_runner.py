@@ -1,11 +1,11 @@
 """One engine step on the model: gather the past from the KV pool, run, scatter, logits.
 
-A step's items are cut into model passes by the model's batch layout (batch_layout.py):
-all of them in one pass (padded), one pass per past length (equal_length), or one pass
-each (single). Pasts are right-aligned: a shorter sequence's padding comes first, carries
-attention_mask 0, and the step's new tokens follow each sequence's own last position, so
-key offsets within a sequence are what they are alone; position_ids are each sequence's
-real positions.
+A step's scheduled requests (the scheduler's records, as they are) are cut into model
+passes by the model's batch layout (batch_layout.py): all of them in one pass (padded), one
+pass per past length (equal_length), or one pass each (single). Pasts are right-aligned: a
+shorter sequence's padding comes first, carries attention_mask 0, and the step's new tokens
+follow each sequence's own last position, so key offsets within a sequence are what they
+are alone; position_ids are each sequence's real positions.
 
 Prefill chunks (several tokens per sequence, ragged, right-padded) run over a past
 gathered from the pool. Decode passes keep a persistent view each (decode_view.py): the
@@ -21,31 +21,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.worker.decode_view import DecodeView, assemble, patch
 from tensord.generate.worker.kv_storage import KVStorage
 from tensord.modelconfig.generator import BatchLayout
 
 
-@dataclass(slots=True)
-class StepItem:
-    """One sequence's part of a step."""
-
-    request_id: str
-    token_ids: Sequence[int]
-    """Tokens fed this step (a prompt chunk, or the last sampled token)."""
-    start: int
-    """Tokens of this sequence already in the KV cache (the first fed token's position)."""
-    block_table: Sequence[int]
-    """Its blocks, covering start + len(token_ids) positions."""
-    wants_logits: bool = True
-    """False for a prefill chunk that does not reach the end of the prompt."""
-
-
-def _is_decode(item: StepItem) -> bool:
+def _is_decode(item: ScheduledRequest) -> bool:
     """One token after cached ones, whose logits are wanted: a decode step (or the last
     token of a prompt whose other tokens were cached). A one-token prompt chunk that does
     not end its prompt is a prefill: the decode path gives every row's logits."""
-    return len(item.token_ids) == 1 and item.start > 0 and item.wants_logits
+    return len(item.token_ids) == 1 and item.start_pos > 0 and item.sample
 
 
 class StepLogits(Mapping[str, np.ndarray]):
@@ -118,16 +104,17 @@ class ModelRunner:
         self._before_run: Callable[[], None] | None = None
 
     def execute(
-        self, items: Sequence[StepItem], before_run: Callable[[], None] | None = None
+        self, items: Sequence[ScheduledRequest], before_run: Callable[[], None] | None = None
     ) -> StepLogits:
-        """Run the step's items; the last-position logits [V] of each item that wants them.
+        """Run a step's scheduled requests (SchedulerOutput.scheduled, as the scheduler
+        made them); the last-position logits [V] of each one that samples.
 
         `before_run` is called once, just before the first model pass starts (the engine
         hands the previous step's tokens to the event loop there, so that the loop's work
         overlaps the pass, which runs without the GIL)."""
         self._before_run = before_run
-        decodes: list[StepItem] = []
-        prefills: list[StepItem] = []
+        decodes: list[ScheduledRequest] = []
+        prefills: list[ScheduledRequest] = []
         for item in items:
             (decodes if _is_decode(item) else prefills).append(item)
         parts = [self._prefill(group) for group in self._passes(prefills)]
@@ -144,7 +131,7 @@ class ModelRunner:
         """Forget the decode views (after preemption, aborts or errors)."""
         self._views = {}
 
-    def _passes(self, items: list[StepItem]) -> list[list[StepItem]]:
+    def _passes(self, items: list[ScheduledRequest]) -> list[list[ScheduledRequest]]:
         """The items cut into model passes as the layout allows."""
         if not items:
             return []
@@ -152,9 +139,9 @@ class ModelRunner:
             return [items]
         if self.layout is BatchLayout.SINGLE:
             return [[item] for item in items]
-        by_start: dict[int, list[StepItem]] = {}
+        by_start: dict[int, list[ScheduledRequest]] = {}
         for item in items:
-            by_start.setdefault(item.start, []).append(item)
+            by_start.setdefault(item.start_pos, []).append(item)
         return list(by_start.values())
 
     def _run(
@@ -179,9 +166,9 @@ class ModelRunner:
         out = self._run_model(feeds, ["logits", *self._present_names])
         return out[0], out[1:]
 
-    def _prefill(self, items: Sequence[StepItem]) -> StepLogits:
+    def _prefill(self, items: Sequence[ScheduledRequest]) -> StepLogits:
         b = len(items)
-        width = max(i.start for i in items)
+        width = max(i.start_pos for i in items)
         t_max = max(len(i.token_ids) for i in items)
         ids = np.full((b, t_max), self._pad, np.int64)
         mask = np.zeros((b, width + t_max), np.int64)
@@ -189,20 +176,20 @@ class ModelRunner:
         for row, item in enumerate(items):
             n = len(item.token_ids)
             ids[row, :n] = item.token_ids
-            mask[row, width - item.start : width + n] = 1
-            positions[row] = item.start + np.minimum(np.arange(t_max), n - 1)
-        tables = [i.block_table for i in items]
+            mask[row, width - item.start_pos : width + n] = 1
+            positions[row] = item.start_pos + np.minimum(np.arange(t_max), n - 1)
+        tables = [i.block_ids for i in items]
         past = self.storage.reserve(b, width)
-        self.storage.gather(tables, [i.start for i in items], past)
+        self.storage.gather(tables, [i.start_pos for i in items], past)
         logits, present = self._run(ids, mask, positions, past)
         counts = [len(i.token_ids) for i in items]
-        self.storage.scatter(tables, [i.start for i in items], counts, present, width)
-        wanted = [row for row, item in enumerate(items) if item.wants_logits]
+        self.storage.scatter(tables, [i.start_pos for i in items], counts, present, width)
+        wanted = [row for row, item in enumerate(items) if item.sample]
         last = np.array([counts[row] - 1 for row in wanted], np.int64)
         return StepLogits([items[row].request_id for row in wanted], logits[wanted, last])
 
     def _decode(
-        self, items: Sequence[StepItem], views: dict[frozenset[str], DecodeView]
+        self, items: Sequence[ScheduledRequest], views: dict[frozenset[str], DecodeView]
     ) -> StepLogits:
         """One decode pass over a view of the items' pasts (rows in the view's order, free
         rows fed a masked pad token); the next view goes into `views`."""
@@ -222,7 +209,7 @@ class ModelRunner:
         positions = np.array(view.lengths, np.int64)[:, None]
         logits, present = self._run(ids, mask, positions, view.past, len(active))
         starts = [view.lengths[r] for r in active]
-        tables = [i.block_table for i in ordered]
+        tables = [i.block_ids for i in ordered]
         self.storage.scatter(tables, starts, [1] * len(active), present, view.width, rows=active)
         lengths = [
             n + 1 if rid is not None else 0
