@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tensord.errors import ModelLoadError
-from tensord.generate.engine.engine import stream_interval
+from tensord.generate.engine.handoff import stream_interval
 from tensord.modelconfig.generator import (
     DEFAULT_KV_CACHE_BYTES,
     GeneratorConfig,

@@ -1,10 +1,11 @@
 """The generation engine of one generator model: an engine thread and an async front.
 
 The engine thread loops: apply queued aborts and stops, `schedule()` a step, run it on the
-model (ModelRunner), sample, `update_from_output`, and hand the step's outputs to the
-event loop in one call. On the loop, the OutputProcessor detokenizes, matches stop
-strings and fills each request's merging output slot (as vLLM splits engine core and
-output processing): detokenizing a step overlaps the next step's model run.
+model (ModelRunner), sample, `update_from_output`, and hold the step's outputs for the
+event loop (OutputHandoff, handoff.py, says when they go). On the loop, the
+OutputProcessor detokenizes, matches stop strings and fills each request's merging output
+slot (as vLLM splits engine core and output processing): detokenizing a step overlaps the
+next step's model run.
 
 The scheduler is shared under one lock that the thread drops while the model runs, so a
 new request is admitted (or refused: queue full, too long) synchronously, before its
@@ -16,7 +17,6 @@ handed to someone else.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import threading
@@ -34,6 +34,7 @@ from tensord.generate.core.request import Request, RequestStatus
 from tensord.generate.core.sampling_params import GenerationDefaults, SamplingParams
 from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
 from tensord.generate.core.scheduler_output import SchedulerOutput
+from tensord.generate.engine.handoff import OutputHandoff
 from tensord.generate.engine.output_processor import OutputProcessor, RequestOutputCollector
 from tensord.generate.model.batch_layout import LayoutChoice, choose_layout
 from tensord.generate.model.model_dir import GeneratorDirectory, GeneratorSpec
@@ -75,18 +76,6 @@ def sampling_defaults(spec: GeneratorSpec) -> GenerationDefaults:
         max_length=d.max_length,
         eos_token_ids=spec.eos_token_ids,
     )
-
-
-_AUTO_STREAMS_PER_CHUNK = 4
-_AUTO_MAX_INTERVAL = 8
-
-
-def stream_interval(configured: int, streams: int) -> int:
-    """Steps whose tokens one chunk carries: `configured`, or with 0 ("auto")
-    ceil(streams / 4) capped at 8, which keeps about 4 chunks per step."""
-    if configured:
-        return configured
-    return max(1, min(_AUTO_MAX_INTERVAL, -(-streams // _AUTO_STREAMS_PER_CHUNK)))
 
 
 class GenerationEngine:
@@ -134,20 +123,11 @@ class GenerationEngine:
         self.sampler = Sampler()
         self.defaults = sampling_defaults(spec)
         self.output_processor = OutputProcessor(directory.tokenizer)
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._aborts: list[str] = []
-        self._outbox: list[EngineCoreOutput] = []
-        self._outbox_lock = threading.Lock()
-        self._outbox_scheduled = False
-        self._held: list[EngineCoreOutput] = []
-        """Engine thread: outputs of steps not yet handed over (see _release_due)."""
-        self._held_steps = 0
-        """Engine thread: model passes started since everything held was last handed over."""
-        self._urgent: set[str] = set()
-        """Engine thread: held requests whose tokens go at the next pass (first, last)."""
+        self.handoff = OutputHandoff(self._deliver, limits.stream_interval)
         self._stops: list[str] = []
         self._stopping: TensordError | None = None
         self._steps = 0
@@ -172,7 +152,7 @@ class GenerationEngine:
             max_model_len=self.limits.max_model_len,
             vocab_size=spec.vocab_size,
         )
-        self._loop = asyncio.get_running_loop()
+        self.handoff.loop = asyncio.get_running_loop()
         request_id = f"{self.name}-{next(self._ids)}"
         request = Request(request_id, list(prompt_token_ids), resolved, time.monotonic(), deadline)
         with self._wake:
@@ -242,37 +222,8 @@ class GenerationEngine:
             self._wake.notify()
         self._thread.join(timeout=30)
 
-    def _on_loop(self, fn: Callable[..., None], *args: object) -> None:
-        """Engine thread: run fn(*args) on the event loop after the outputs held so far, so
-        a stream's tokens always reach the loop before its end (an expiry, an error)."""
-        self._release_held()
-        self._post(fn, *args)
-
-    def _post(self, fn: Callable[..., None], *args: object) -> None:
-        """Engine thread: run fn(*args) on the event loop (dropped when it has closed)."""
-        loop = self._loop
-        if loop is None:
-            return
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(fn, *args)
-
-    def _hand_over(self, outputs: list[EngineCoreOutput]) -> None:
-        """Engine thread: queue a step's outputs for the loop. While the loop has not yet
-        taken the last ones, later steps join them, so a busy loop gets the tokens of
-        several steps in one call and each stream one merged chunk (fewer messages
-        exactly when the loop is the bottleneck, one per token when it keeps up)."""
-        with self._outbox_lock:
-            self._outbox.extend(outputs)
-            if self._outbox_scheduled:
-                return
-            self._outbox_scheduled = True
-        self._post(self._deliver)
-
-    def _deliver(self) -> None:
+    def _deliver(self, outputs: list[EngineCoreOutput]) -> None:
         """Event loop: chunks into slots; stop strings finish their requests next step."""
-        with self._outbox_lock:
-            outputs, self._outbox = self._outbox, []
-            self._outbox_scheduled = False
         to_stop = self.output_processor.process_outputs(outputs)
         if to_stop:
             with self._wake:
@@ -281,40 +232,11 @@ class GenerationEngine:
 
     # -- the engine thread -------------------------------------------------------------
 
-    def _release_held(self) -> None:
-        """Engine thread: hand every held output to the event loop. Called before the
-        engine waits and before anything else is posted to the loop (an expiry, an error),
-        and by _release_due when the stream interval is up."""
-        self._held_steps = 0
-        self._urgent.clear()
-        if self._held:
-            held, self._held = self._held, []
-            self._hand_over(held)
-
-    def _release_due(self, streams: int) -> None:
-        """Engine thread, just before a model pass: hand over the held outputs that are due.
-
-        Just before the pass, so that the loop's per-token work (text, chunks, gRPC
-        messages) overlaps the pass, which runs without the GIL, instead of competing with
-        the step's own Python. Every `stream_interval` passes everything held goes, so a
-        stream gets one chunk for that many steps' tokens; in between only the requests
-        whose first token or last chunk is held go (time to first token and the end of a
-        stream never wait)."""
-        self._held_steps += 1
-        if self._held_steps >= stream_interval(self.limits.stream_interval, streams):
-            self._release_held()
-            return
-        if self._urgent:
-            urgent, self._urgent = self._urgent, set()
-            due = [o for o in self._held if o.request_id in urgent]
-            self._held = [o for o in self._held if o.request_id not in urgent]
-            self._hand_over(due)
-
     def _run_loop(self) -> None:
         while True:
             with self._wake:
                 if not self._has_work():
-                    self._release_held()
+                    self.handoff.release_held()
                 while not self._has_work():
                     self._wake.wait()
                 self._apply_aborts_and_stops()
@@ -325,10 +247,12 @@ class GenerationEngine:
                 if output.preempted_req_ids:
                     self.runner.reset()
                 if output.expired_req_ids:
-                    self._on_loop(self.output_processor.expire_requests, output.expired_req_ids)
+                    self.handoff.call_after_held(
+                        self.output_processor.expire_requests, output.expired_req_ids
+                    )
                 if output.is_empty:
                     # Nothing fits now: wait for an abort, a new request or a deadline.
-                    self._release_held()
+                    self.handoff.release_held()
                     self._wake.wait(timeout=0.01)
                     continue
             try:
@@ -366,7 +290,7 @@ class GenerationEngine:
     def _step(self, output: SchedulerOutput) -> None:
         streams = len(output.scheduled)
         logits = self.runner.execute(
-            output.scheduled, before_run=lambda: self._release_due(streams)
+            output.scheduled, before_run=lambda: self.handoff.release_due(streams)
         )
         sampled, logprobs = self._sample(output, logits)
         with self._lock:
@@ -374,16 +298,14 @@ class GenerationEngine:
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
             requests = self.scheduler.requests
-            for out in core_outputs:
-                request = requests.get(out.request_id)
-                # Finished, or this output holds the request's first tokens.
-                if (
-                    request is None
-                    or out.finished
-                    or (request.num_output_tokens == len(out.new_token_ids))
-                ):
-                    self._urgent.add(out.request_id)
-        self._held.extend(core_outputs)
+            urgent = [  # finished, or this output holds the request's first tokens
+                out.request_id
+                for out in core_outputs
+                if (request := requests.get(out.request_id)) is None
+                or out.finished
+                or request.num_output_tokens == len(out.new_token_ids)
+            ]
+        self.handoff.hold(core_outputs, urgent)
 
     def _sample(
         self, output: SchedulerOutput, logits: StepLogits
@@ -405,4 +327,4 @@ class GenerationEngine:
     def _fail(self, request_ids: Sequence[str], error: TensordError) -> None:
         """Under the lock: finish requests (blocks freed) and end their streams with error."""
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ERROR)
-        self._on_loop(self.output_processor.fail_requests, list(request_ids), error)
+        self.handoff.call_after_held(self.output_processor.fail_requests, list(request_ids), error)
