@@ -77,8 +77,9 @@ def _byte_fallback() -> Tokenizer:
             decoders.Strip(" ", 1, 0),
         ]
     )
-    specials = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256))]
-    tok.train_from_iterator(_CORPUS, trainers.BpeTrainer(vocab_size=330, special_tokens=specials))
+    specials = ["<unk>", "<s>", "</s>"]
+    tok.train_from_iterator(_CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=specials))
+    tok.add_tokens([f"<0x{i:02X}>" for i in range(256)])  # ordinary tokens, as in Llama's
     return tok
 
 
