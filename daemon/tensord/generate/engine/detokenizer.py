@@ -1,12 +1,30 @@
 """Incremental detokenization and stop-string matching on the text it produces.
 
 Byte-level BPE tokenizers split a multibyte UTF-8 character across tokens, and decoding
-a lone piece of one gives U+FFFD. `IncrementalDetokenizer` uses the prefix and read
-offsets of Text Generation Inference and vLLM: it decodes a short window of recent tokens
-twice, without and with the new ones, and emits the difference only once the window no
-longer ends in U+FFFD, so a character is never split between deltas. Decoding the window
-(not a lone token) keeps what decoders do at token boundaries (leading spaces of
-SentencePiece's "▁", merged byte tokens) exactly as a full decode would.
+a lone piece of one gives U+FFFD. `IncrementalDetokenizer` follows the prefix and read
+offsets of Text Generation Inference and vLLM: a short window of recent tokens is decoded
+without and with the new ones, and the difference goes out only once the window no longer
+ends in U+FFFD, so a character is never split between deltas. Decoding the window (not a
+lone token) keeps what decoders do at token boundaries (leading spaces of SentencePiece's
+"▁", merged byte tokens) exactly as a full decode would.
+
+tokenizers' `DecodeStream` runs that algorithm in Rust, one call per token, and produces
+it for every token here. Two cases it cannot produce the same text for, so they keep the
+window step written out below (tests/unit/generate/test_detokenizer_reference.py checks
+every delta against it, on four kinds of tokenizer):
+
+- a prompt whose last tokens end inside a character (a prompt given as token ids): the
+  stream takes no prefix that ends in U+FFFD, and would then emit the prompt's own text
+  with the first output token;
+- decoders with byte fallback (SentencePiece: Llama, Mistral, Gemma): when a character's
+  byte tokens complete, the window's several U+FFFD become one character, its text is no
+  longer an extension of the prefix, and the stream raises ("Invalid prefix"). The window
+  step emits what follows the prefix's length, as before; the request goes on without the
+  stream.
+
+The stream also has no end: `flush` (the text still held back, an incomplete character
+shown as U+FFFD) is the window step's, from the window and the tokens since, which
+`IncrementalDetokenizer` keeps for that.
 
 `StopStringMatcher` finds stop strings in that text, across deltas, and holds back the
 end of the text while it could still be the start of a stop string, so a stop string is
@@ -18,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 # Prompt tokens decoded before the first output token, as vLLM does, so the first
 # delta starts the way a full decode of prompt and output would continue.
@@ -37,34 +56,43 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         offset = INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET
-        self._ids = list(prompt_token_ids[-offset:]) if offset else []
-        """The decode window: tokens from prefix_offset on (older ones are dropped)."""
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
+        self._window = list(prompt_token_ids[-offset:]) if offset else []
+        """The tokens whose text went out last (at first, the prompt's last ones): the
+        decoded prefix the next delta follows."""
+        self._pending: list[int] = []
+        """Tokens since, whose text is held back."""
+        self._stream: DecodeStream | None = None
+        if not self._decode(self._window).endswith(_REPLACEMENT):
+            self._stream = DecodeStream(self._window, skip_special_tokens)
 
     def update(self, new_token_ids: Sequence[int]) -> str:
         """Add tokens; returns the text they complete (possibly empty)."""
-        text = []
-        for token_id in new_token_ids:
-            self._ids.append(token_id)
-            text.append(self._step(final=False))
-        return "".join(text)
+        return "".join([self._next(token_id) for token_id in new_token_ids])
 
     def flush(self) -> str:
         """At the end: the text still held back (an incomplete character shows as U+FFFD,
         as a full decode would show it)."""
-        return self._step(final=True)
+        return self._window_step(final=True)
 
-    def _step(self, final: bool) -> str:
-        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = self._decode(self._ids[self._prefix_offset :])
+    def _next(self, token_id: int) -> str:
+        self._pending.append(token_id)
+        if self._stream is None:
+            return self._window_step(final=False)
+        try:
+            delta = self._stream.step(self.tokenizer, token_id)
+        except Exception:  # "Invalid prefix" (see the module doc); a bad id raises again
+            self._stream = None
+            return self._window_step(final=False)
+        if delta:
+            self._window, self._pending = self._pending, []
+        return delta or ""
+
+    def _window_step(self, final: bool) -> str:
+        prefix_text = self._decode(self._window)
+        new_text = self._decode(self._window + self._pending)
         if len(new_text) <= len(prefix_text) or (not final and new_text.endswith(_REPLACEMENT)):
             return ""
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
-        del self._ids[: self._prefix_offset]
-        self._read_offset -= self._prefix_offset
-        self._prefix_offset = 0
+        self._window, self._pending = self._pending, []
         return new_text[len(prefix_text) :]
 
     def _decode(self, ids: list[int]) -> str:
