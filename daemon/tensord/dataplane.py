@@ -35,7 +35,7 @@ from tensord.observability.metrics import GenerationMetrics
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.readiness import Readiness, judge
 from tensord.registry.registry import ModelRegistry
-from tensord.registry.version import ModelState, ModelVersion
+from tensord.registry.version import GeneratorVersion, ModelState, ModelVersion, PredictVersion
 
 
 @dataclass(slots=True)
@@ -145,7 +145,7 @@ class DataPlane:
         self._check_serving()
         check_model(call.model)
         entry = self.registry.get(call.model, call.version, self._reasons())
-        if entry.engine is not None:
+        if not isinstance(entry, PredictVersion):
             raise FailedPreconditionError(
                 f"model {entry.name!r} is a generator: call Generate, which streams its tokens "
                 "(Predict runs predict models: tensors in, tensors out)"
@@ -201,17 +201,21 @@ class DataPlane:
                 self.on_device_lost(exc)
                 raise
 
-    def _generator(self, model: str, version: int) -> tuple[ModelVersion, GenerationEngine]:
+    def _generator(self, model: str, version: int) -> tuple[GeneratorVersion, GenerationEngine]:
         """The version a Generate call names and its engine: PERMISSION_DENIED, NOT_FOUND,
         UNAVAILABLE (loading), or FAILED_PRECONDITION (failed to load, or a predict
         model)."""
         check_model(model)
         entry = self.registry.get(model, version, self._reasons())
-        if entry.engine is None:
+        if not isinstance(entry, GeneratorVersion):
             raise FailedPreconditionError(
                 f"model {entry.name!r} is a predict model (tensors in, tensors out), not a "
                 "generator: call Predict, or Generate on a generator model (Info lists each "
                 "model's kind)"
+            )
+        if entry.engine is None:  # freed between get and here
+            raise UnavailableError(
+                f"model {entry.name!r} version {entry.version} is {entry.state.name}"
             )
         return entry, entry.engine
 

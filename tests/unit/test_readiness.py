@@ -13,7 +13,7 @@ from tensord.errors import FailedPreconditionError, UnavailableError
 from tensord.modelconfig.model import ModelConfig
 from tensord.registry.readiness import Readiness, judge
 from tensord.registry.registry import ModelRegistry, not_ready_error
-from tensord.registry.version import ModelState, ModelVersion
+from tensord.registry.version import ModelState, ModelVersion, PredictVersion
 
 READY, FAILED = ModelState.READY, ModelState.FAILED
 LOADING, UNLOADING = ModelState.LOADING, ModelState.UNLOADING
@@ -23,7 +23,7 @@ def version(
     name: str, state: ModelState, number: int = 1, *, required: bool = False
 ) -> ModelVersion:
     config = ModelConfig(required=required)
-    return ModelVersion(
+    return PredictVersion(
         name, number, Path(f"/srv/models/{name}/{number}/model.onnx"), config, state
     )
 

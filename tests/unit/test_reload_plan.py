@@ -9,7 +9,7 @@ from tensord.config import load_config
 from tensord.modelconfig.model import ModelConfig
 from tensord.registry.changes import plan_reload
 from tensord.registry.repository import fingerprint, scan_repository
-from tensord.registry.version import ModelState, ModelVersion
+from tensord.registry.version import ModelState, ModelVersion, PredictVersion, from_source
 from tensord.server.reload import RESTART_ONLY_KEYS, keep_restart_only
 
 
@@ -44,14 +44,14 @@ def test_plan_sorts_versions(tmp_path: Path) -> None:
     root = _repo(tmp_path)
     served: dict[str, dict[int, ModelVersion]] = {}
     for src in scan_repository(root):
-        entry = ModelVersion.from_source(src)
+        entry = from_source(src)
         entry.state = ModelState.READY
         served.setdefault(src.name, {})[1] = entry
     served["b"][1].state = ModelState.FAILED  # failed before: tried again
     (root / "c" / "model.toml").write_text("max_batch_size = 4\n")  # settings changed
     (root / "a" / "2").mkdir()
     (root / "a" / "2" / "model.onnx").write_bytes(b"a2")
-    gone = ModelVersion("old", 3, root / "old", ModelConfig())
+    gone = PredictVersion("old", 3, root / "old", ModelConfig())
     served["old"] = {3: gone}
 
     plan = plan_reload(served, scan_repository(root))
@@ -63,7 +63,7 @@ def test_plan_sorts_versions(tmp_path: Path) -> None:
     # Nothing on disk differs from what is served: nothing to do.
     current: dict[str, dict[int, ModelVersion]] = {}
     for src in scan_repository(root):
-        entry = ModelVersion.from_source(src)
+        entry = from_source(src)
         entry.state = ModelState.READY
         current.setdefault(src.name, {})[src.version] = entry
     quiet = plan_reload(current, scan_repository(root))
@@ -93,7 +93,7 @@ def test_restart_only_keys_keep_their_running_value() -> None:
 def _serve(sources, state: ModelState = ModelState.READY):  # type: ignore[no-untyped-def]
     served: dict[str, dict[int, ModelVersion]] = {}
     for src in sources:
-        entry = ModelVersion.from_source(src)
+        entry = from_source(src)
         entry.state = state
         served.setdefault(src.name, {})[src.version] = entry
     return served

@@ -17,6 +17,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from tensord.registry.version import GeneratorVersion, PredictVersion
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
@@ -78,7 +80,7 @@ class ModelCollector(Collector):
             labels=["model", "version"],
         )
         for mv in versions:
-            batcher = mv.batcher
+            batcher = mv.batcher if isinstance(mv, PredictVersion) else None
             if batcher is None:
                 continue
             labels = [mv.name, str(mv.version)]
@@ -124,7 +126,7 @@ class ModelCollector(Collector):
             labels=labels,
         )
         for mv in versions:
-            engine = mv.engine
+            engine = mv.engine if isinstance(mv, GeneratorVersion) else None
             if engine is None:
                 continue
             stats = engine.stats()
@@ -171,7 +173,7 @@ class ModelCollector(Collector):
             labels=pool_labels,
         )
         for mv in versions:
-            executor = mv.executor
+            executor = mv.executor if isinstance(mv, PredictVersion) else None
             if executor is None:
                 continue
             stats = executor.stats()

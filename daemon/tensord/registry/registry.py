@@ -30,7 +30,13 @@ from tensord.modelconfig.model import ModelConfig
 from tensord.processing.wrap import served_signature, with_processing
 from tensord.registry.changes import RepositoryChanges, label, plan_reload
 from tensord.registry.repository import VersionSource, read_repository
-from tensord.registry.version import ModelState, ModelVersion
+from tensord.registry.version import (
+    GeneratorVersion,
+    ModelState,
+    ModelVersion,
+    PredictVersion,
+    from_source,
+)
 
 log = structlog.get_logger("tensord.registry")
 
@@ -82,7 +88,7 @@ class ModelRegistry:
     async def load_all(self) -> None:
         """Scan the repository and load every version concurrently on worker threads."""
         sources = await self._scan()
-        entries = [ModelVersion.from_source(src) for src in sources]
+        entries = [from_source(src) for src in sources]
         for entry in entries:
             self._models.setdefault(entry.name, {})[entry.version] = entry
         self._on_change()
@@ -108,7 +114,8 @@ class ModelRegistry:
             if error:
                 raise ModelLoadError(error)
             await asyncio.to_thread(self._load_blocking, entry)
-            entry.batcher = _make_batcher(entry)
+            if isinstance(entry, PredictVersion):
+                entry.batcher = _make_batcher(entry)
         except ModelLoadError as exc:
             entry.state, entry.reason = ModelState.FAILED, str(exc)
         except DeviceLostError as exc:
@@ -135,7 +142,7 @@ class ModelRegistry:
         sources = await self._scan()
         plan = plan_reload(self._models, sources)
         changes = RepositoryChanges(unchanged=plan.unchanged)
-        added = [ModelVersion.from_source(src) for src in plan.added]
+        added = [from_source(src) for src in plan.added]
         for entry in added:
             self._models.setdefault(entry.name, {})[entry.version] = entry
         for entry, reason in plan.kept:
@@ -167,7 +174,7 @@ class ModelRegistry:
         self, src: VersionSource, old: ModelVersion, changes: RepositoryChanges
     ) -> None:
         """Load a changed version beside the old one and swap them once it is READY."""
-        new = ModelVersion.from_source(src)
+        new = from_source(src)
         serving = old.state is ModelState.READY
         if not serving:  # nothing to keep: show the new attempt as LOADING at once
             self._models[src.name][src.version] = new
@@ -209,14 +216,18 @@ class ModelRegistry:
         log.info("model.unloaded", model=entry.name, version=entry.version, replaced=not remove)
 
     def _load_blocking(self, entry: ModelVersion) -> None:
-        config = entry.config
-        if entry.kind == "generator":
-            from tensord.generate.engine.loader import load_engine
+        match entry:
+            case GeneratorVersion():
+                from tensord.generate.engine.loader import load_engine
 
-            entry.engine, entry.placement, entry.inputs, entry.outputs = load_engine(
-                entry.name, entry.path, config, self._where
-            )
-            return
+                entry.engine, entry.placement, entry.inputs, entry.outputs = load_engine(
+                    entry.name, entry.path, entry.config, self._where
+                )
+            case PredictVersion():
+                self._load_predict(entry)
+
+    def _load_predict(self, entry: PredictVersion) -> None:
+        config = entry.config
 
         def make(where: DeviceOptions) -> Backend:
             return with_processing(self._factory(entry.path, config, where), config, where)
@@ -254,16 +265,18 @@ class ModelRegistry:
         }
         if entry.state is ModelState.READY and entry.placement is not None:
             p = entry.placement
+            executor = entry.executor if isinstance(entry, PredictVersion) else None
+            processing = entry.processing if isinstance(entry, PredictVersion) else []
             log.info(
                 "model.loaded",
                 **fields,
                 backend=p.backend,
                 provider=p.provider,
-                executor=entry.executor.kind if entry.executor else None,
+                executor=executor.kind if executor else None,
                 provider_reason=p.provider_reason,
-                executor_reason=entry.executor.reason if entry.executor else None,
+                executor_reason=executor.reason if executor else None,
                 batching=entry.config.dynamic_batching is not None,
-                processing=[f"{r.kind}:{r.device}" for r in entry.processing] or None,
+                processing=[f"{r.kind}:{r.device}" for r in processing] or None,
             )
         else:
             log.error("model.failed", **fields, reason=entry.reason)
@@ -311,7 +324,7 @@ class ModelRegistry:
     def terminate_runs(self) -> None:
         """Cut every model run in progress short (the drain's grace has run out)."""
         for entry in [*self._retiring.values(), *self.versions()]:
-            if entry.executor is not None:
+            if isinstance(entry, PredictVersion) and entry.executor is not None:
                 entry.executor.terminate_runs()
 
     async def close(self) -> None:
@@ -331,15 +344,19 @@ async def _free(entry: ModelVersion) -> None:
     """Close a version's batcher, executor (which owns its backend sessions) and generation
     engine (which ends its streams with UNAVAILABLE).
 
-    Idempotent: the entry lets go of both first."""
-    batcher, executor, engine = entry.batcher, entry.executor, entry.engine
-    entry.batcher = entry.executor = entry.engine = None
-    if batcher is not None:
-        await batcher.close()
-    if executor is not None:
-        executor.close()
-    if engine is not None:
-        await asyncio.to_thread(engine.close)
+    Idempotent: the entry lets go of them first."""
+    match entry:
+        case PredictVersion():
+            batcher, executor = entry.batcher, entry.executor
+            entry.batcher = entry.executor = None
+            if batcher is not None:
+                await batcher.close()
+            if executor is not None:
+                executor.close()
+        case GeneratorVersion():
+            engine, entry.engine = entry.engine, None
+            if engine is not None:
+                await asyncio.to_thread(engine.close)
 
 
 def not_ready_error(
@@ -365,7 +382,7 @@ def _relative(path: Path, root: Path) -> str:
         return str(path)
 
 
-def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:
+def _make_batcher(entry: PredictVersion) -> DynamicBatcher | None:
     """A batcher when model.toml has [dynamic_batching] (created on the event loop)."""
     config, executor = entry.config, entry.executor
     if config.dynamic_batching is None or executor is None:
@@ -384,7 +401,7 @@ def _make_batcher(entry: ModelVersion) -> DynamicBatcher | None:
     )
 
 
-def _warm_up(executor: Executor, entry: ModelVersion) -> None:
+def _warm_up(executor: Executor, entry: PredictVersion) -> None:
     """One run on zeros (batch 1, dynamic dims 1) so the first request pays no lazy set-up."""
     feeds = {}
     for spec in entry.inputs:

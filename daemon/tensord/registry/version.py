@@ -1,11 +1,16 @@
-"""A served model version: its state and what the data plane runs it with."""
+"""A served model version: its state and what the data plane runs it with.
+
+A version is a tagged union: a `PredictVersion` (an executor, maybe a batcher, tensors in
+and out) or a `GeneratorVersion` (a generation engine streaming tokens). Both share
+`VersionBase`; callers tell them apart by type (`match`/`isinstance`) or by `kind`.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeAlias
 
 from tensord.backends.base import BackendPlacement, TensorSpec
 from tensord.batching.batcher import DynamicBatcher
@@ -29,8 +34,8 @@ class ModelState(enum.IntEnum):
 
 
 @dataclass(slots=True)
-class ModelVersion:
-    """One served model version and everything the data plane needs to run it."""
+class VersionBase:
+    """What every served model version has, whatever its kind."""
 
     name: str
     version: int
@@ -42,12 +47,6 @@ class ModelVersion:
     outputs: list[TensorSpec] = field(default_factory=list)
     placement: BackendPlacement | None = None
     load_time_s: float = 0.0
-    executor: Executor | None = None
-    batcher: DynamicBatcher | None = None
-    processing: list[ProcessingReport] = field(default_factory=list)
-    """Pre- and postprocessing steps, and whether kernels or twins run them."""
-    engine: GenerationEngine | None = None
-    """The generation engine, for a generator (kind "generator")."""
     fingerprint: Fingerprint = ()
     """The version's files when it was loaded (a reload compares them)."""
     inflight: InflightCounter = field(default_factory=InflightCounter)
@@ -55,19 +54,41 @@ class ModelVersion:
     model_dir: Path | None = None
     """The model's directory in the repository (a reload keeps what a broken one serves)."""
 
-    @property
-    def kind(self) -> str:
-        """ "predict" or "generator"."""
-        return self.config.kind or "predict"
 
-    @classmethod
-    def from_source(cls, src: VersionSource) -> ModelVersion:
-        """A LOADING entry for a version found on disk."""
-        return cls(
-            src.name,
-            src.version,
-            src.path,
-            src.config,
-            fingerprint=src.fingerprint,
-            model_dir=src.model_dir,
-        )
+@dataclass(slots=True)
+class PredictVersion(VersionBase):
+    """A predict model: tensors in, tensors out, run by an executor."""
+
+    kind: ClassVar[Literal["predict"]] = "predict"
+    executor: Executor | None = None
+    """Runs the model once it is loaded (None while loading, failed or freed)."""
+    batcher: DynamicBatcher | None = None
+    """Groups requests into batches when model.toml has [dynamic_batching]."""
+    processing: list[ProcessingReport] = field(default_factory=list)
+    """Pre- and postprocessing steps, and whether kernels or twins run them."""
+
+
+@dataclass(slots=True)
+class GeneratorVersion(VersionBase):
+    """A generator model: a prompt in, a stream of tokens out, run by an engine."""
+
+    kind: ClassVar[Literal["generator"]] = "generator"
+    engine: GenerationEngine | None = None
+    """The generation engine once it is loaded (None while loading, failed or freed)."""
+
+
+ModelVersion: TypeAlias = PredictVersion | GeneratorVersion
+"""One served model version of either kind."""
+
+
+def from_source(src: VersionSource) -> ModelVersion:
+    """A LOADING entry for a version found on disk, of the kind its model.toml names."""
+    cls = GeneratorVersion if src.config.kind == "generator" else PredictVersion
+    return cls(
+        src.name,
+        src.version,
+        src.path,
+        src.config,
+        fingerprint=src.fingerprint,
+        model_dir=src.model_dir,
+    )

@@ -29,6 +29,7 @@ from tensord.registry.registry import (
     ModelState,
     default_backend_factory,
 )
+from tensord.registry.version import GeneratorVersion
 from tensord.server.health import HealthPublisher, HealthServicer, add_health_servicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reflection import SERVICE_NAME as REFLECTION_SERVICE_NAME
@@ -297,7 +298,7 @@ class TensordServer:
             await self.watchdog.stop()
         await self.health.enter_graceful_shutdown()
         for entry in self.registry.versions():  # Generate requests not started yet
-            if entry.engine is not None:
+            if isinstance(entry, GeneratorVersion) and entry.engine is not None:
                 entry.engine.fail_waiting(
                     UnavailableError(
                         "the server is shutting down and this request had not started: "
@@ -357,7 +358,7 @@ class TensordServer:
             "another instance"
         )
         for entry in self.registry.versions():
-            if entry.engine is not None:
+            if isinstance(entry, GeneratorVersion) and entry.engine is not None:
                 await asyncio.to_thread(entry.engine.close, error)
 
     def adopt_process_settings(self) -> None:

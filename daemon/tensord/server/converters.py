@@ -12,7 +12,7 @@ from tensord.dataplane import GenerateCall, HealthReport, PredictCall, PredictRe
 from tensord.executor.base import ExecutorStats
 from tensord.generate.core.outputs import RequestOutput
 from tensord.generate.core.sampling_params import SamplingParams
-from tensord.registry.version import ModelVersion
+from tensord.registry.version import GeneratorVersion, ModelVersion, PredictVersion
 from tensord.v1 import inference_pb2 as pb
 
 if TYPE_CHECKING:
@@ -181,12 +181,21 @@ def model_info(mv: ModelVersion, redact: Callable[[str], str] = str) -> pb.Model
         info.provider = mv.placement.provider
         info.provider_reason = mv.placement.provider_reason
         info.requested_providers.extend(mv.placement.requested_providers)
+    match mv:
+        case PredictVersion():
+            _predict_info(info, mv)
+        case GeneratorVersion():
+            if mv.engine is not None:
+                info.executor = "cpu"  # the engine's steps run on the host (model_runner.py)
+                info.generator.CopyFrom(generator_status(mv.engine, mv.engine.stats()))
+    return info
+
+
+def _predict_info(info: pb.ModelInfo, mv: PredictVersion) -> None:
+    """What Info shows of a predict model beyond what every version has."""
     if mv.executor is not None:
         info.executor = mv.executor.kind
         info.executor_status.CopyFrom(executor_status(mv.executor.stats(), mv.executor.reason))
-    if mv.engine is not None:
-        info.executor = "cpu"  # the engine's steps run on the host (see model_runner.py)
-        info.generator.CopyFrom(generator_status(mv.engine, mv.engine.stats()))
     for report in mv.processing:
         step = info.postprocess if report.kind in ("topk", "nms") else info.preprocess
         step.CopyFrom(
@@ -213,15 +222,15 @@ def model_info(mv: ModelVersion, redact: Callable[[str], str] = str) -> pb.Model
             d.batches, d.requests, d.rows = s.batches, s.requests, s.rows
             d.expired, d.rejected, d.queue_depth = s.expired, s.rejected, mv.batcher.queue_depth
             d.concurrent_batches = mv.batcher.settings.instances
-    return info
 
 
 def _instances(mv: ModelVersion) -> int:
     """Runs that may execute at once, as served (not only as model.toml says)."""
-    if mv.kind == "generator":
-        return 1  # the engine runs one step at a time, whatever model.toml's default says
-    if mv.executor is not None:
-        return mv.config.instances_on(mv.executor.kind)
+    match mv:
+        case GeneratorVersion():
+            return 1  # the engine runs one step at a time, whatever model.toml's default says
+        case PredictVersion(executor=executor) if executor is not None:
+            return mv.config.instances_on(executor.kind)
     return mv.config.instance_count
 
 
