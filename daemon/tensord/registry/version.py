@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, ClassVar, Literal, TypeAlias
 from tensord.backends.base import BackendPlacement, TensorSpec
 from tensord.batching.batcher import DynamicBatcher
 from tensord.executor.base import Executor
+from tensord.inflight import InflightCounter
 from tensord.modelconfig.model import ModelConfig
 from tensord.processing.host import ProcessingReport
-from tensord.registry.inflight import InflightCounter
 from tensord.registry.repository import Fingerprint, VersionSource
 
 if TYPE_CHECKING:

@@ -21,6 +21,7 @@ import structlog
 from google.protobuf.message import Message
 
 from tensord.errors import ResourceExhaustedError, TensordError
+from tensord.inflight import InflightCounter
 from tensord.server.intake import Intake, Look
 from tensord.server.status import error_trailers
 from tensord.server.watchdog import is_probe
@@ -61,36 +62,19 @@ _ID_PREFIX = uuid.uuid4().hex[:16]
 _ID_COUNTER = itertools.count(1)
 
 
-class CallsInFlight:
+class CallsInFlight(InflightCounter):
     """Handlers running now. The drain waits for none before it stops gRPC, so that the
     replies they returned are on the wire before connections close."""
 
+    __slots__ = ("drain_reply_bytes", "draining")
+
     def __init__(self) -> None:
-        self.count = 0
+        super().__init__()
         self.draining = False
         """Set when the drain begins: from then on the replies' sizes are counted."""
         self.drain_reply_bytes = 0
         """Bytes of the unary replies returned since the drain began (the drain gives them
         time to leave before gRPC closes the connections)."""
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def __enter__(self) -> None:
-        self.count += 1
-        self._idle.clear()
-
-    def __exit__(self, *exc: object) -> None:
-        self.count -= 1
-        if not self.count:
-            self._idle.set()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """True once no handler runs; False if some still do after `timeout` seconds."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
 
 
 class StreamSlots:
@@ -151,46 +135,47 @@ def _observe(
     observer.finished(rpc, model, code, elapsed, rid, context, message)
 
 
+Trailers = tuple[tuple[str, str | bytes], ...]
+
+
+def failure_status(
+    exc: BaseException, rid: str, rpc: str, total_ms: float | None = None
+) -> tuple[grpc.StatusCode, str, Trailers]:
+    """Log a failed call once and say how it ends: status, message, and trailers (the
+    request id, and an error's retry hints). The one mapping of errors to statuses, for the
+    RPC decorators and the interceptors alike; `total_ms` is how long the call ran, if
+    known."""
+    timing = {} if total_ms is None else {"total_ms": total_ms}
+    trailers: Trailers = ((REQUEST_ID, rid),)
+    if isinstance(exc, TensordError):
+        code, message = exc.code, _bounded(exc.message)
+        trailers += error_trailers(exc)
+        fields = {"request_id": rid, "rpc": rpc, "status": code.name, "error": message}
+        if code in _CLIENT_CODES:
+            log.info("request.rejected", **fields, **timing)
+        else:
+            log.error("request.failed", **fields, **timing, exc_info=exc)
+        return code, message, trailers
+    code = grpc.StatusCode.INTERNAL
+    message = f"internal error; the server log has the details under request id {rid}"
+    log.error(
+        "request.failed",
+        request_id=rid,
+        rpc=rpc,
+        status=code.name,
+        error=repr(exc),
+        **timing,
+        exc_info=exc,
+    )
+    return code, message, trailers
+
+
 async def _fail(
     servicer: Any, request: Any, context: Ctx, rid: str, rpc: str, start: float, exc: BaseException
 ) -> None:
     """Log a failure once and end the call with its status; the id rides in the trailers."""
     total_ms = round((time.perf_counter() - start) * 1e3, 3)
-    trailers: tuple[tuple[str, str | bytes], ...] = ((REQUEST_ID, rid),)
-    if isinstance(exc, TensordError):
-        code, message = exc.code, _bounded(exc.message)
-        trailers += error_trailers(exc)
-        if code in _CLIENT_CODES:
-            log.info(
-                "request.rejected",
-                request_id=rid,
-                rpc=rpc,
-                status=code.name,
-                error=message,
-                total_ms=total_ms,
-            )
-        else:
-            log.error(
-                "request.failed",
-                request_id=rid,
-                rpc=rpc,
-                status=code.name,
-                error=message,
-                total_ms=total_ms,
-                exc_info=exc,
-            )
-    else:
-        code = grpc.StatusCode.INTERNAL
-        message = f"internal error; the server log has the details under request id {rid}"
-        log.error(
-            "request.failed",
-            request_id=rid,
-            rpc=rpc,
-            status=code.name,
-            error=repr(exc),
-            total_ms=total_ms,
-            exc_info=exc,
-        )
+    code, message, trailers = failure_status(exc, rid, rpc, total_ms)
     _observe(servicer, rpc, request, code, start, rid, context, message)
     _drop_tracebacks(exc)
     await context.abort(code, message, trailing_metadata=trailers)

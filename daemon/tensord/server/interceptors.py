@@ -13,16 +13,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-import structlog
 
 from tensord.access import ANONYMOUS, current_principal
 from tensord.errors import TensordError
 from tensord.server.auth import Authenticator, has_authorization
-from tensord.server.context import REQUEST_ID, request_id
-from tensord.server.status import error_trailers
+from tensord.server.context import failure_status, request_id
 from tensord.server.watchdog import PROBED_METHOD, is_probe
-
-log = structlog.get_logger("tensord.request")
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 # Called for every refused call: (method, status code).
@@ -32,12 +28,10 @@ RejectHook = Callable[[str, grpc.StatusCode], None]
 async def _abort(
     context: grpc.aio.ServicerContext[Any, Any], exc: TensordError, method: str
 ) -> None:
-    """Log the refusal and end the call with its status; the request id rides in trailers."""
-    rid = request_id(context)
+    """End a refused call with its status, as every failed call ends (context.py)."""
     rpc = method.rpartition("/")[2]
-    log.info("request.rejected", request_id=rid, rpc=rpc, status=exc.code.name, error=exc.message)
-    trailers = ((REQUEST_ID, rid), *error_trailers(exc))
-    await context.abort(exc.code, exc.message, trailing_metadata=trailers)
+    code, message, trailers = failure_status(exc, request_id(context), rpc)
+    await context.abort(code, message, trailing_metadata=trailers)
 
 
 def _refusal(
