@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import platform
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -71,6 +70,9 @@ class GenerateCall:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     deadline: float | None
+    arrival: float = 0.0
+    """time.monotonic() when the server received the request (0: when the engine admits
+    it); the stream's time to first token and inter-token times count from here."""
 
 
 NOT_SERVING = "the server is starting or draining; retry shortly"
@@ -184,16 +186,16 @@ class DataPlane:
         """Check the request, admit it to the model's engine and stream its chunks."""
         self._check_serving()
         entry, engine = self._generator(call.model, call.version)
-        arrived = time.perf_counter()
         # Counted before the first await (tokenising a long prompt goes to a thread): a
         # reload frees a swapped-out version only once the calls holding it have ended.
         with entry.inflight:
             ids = await _prompt_ids(call, engine.directory)
             check_prompt_tokens(entry.name, len(ids), self.max_prompt_tokens)
             metrics = self.generation_metrics
-            recorder = metrics.stream(entry.name, arrived, len(ids)) if metrics else None
+            recorder = metrics.stream(entry.name, len(ids)) if metrics else None
+            arrival = call.arrival or None
             try:
-                async for chunk in engine.generate(ids, call.sampling, call.deadline):
+                async for chunk in engine.generate(ids, call.sampling, call.deadline, arrival):
                     if recorder is not None:
                         recorder.tokens(len(chunk.token_ids))
                     yield chunk
@@ -213,11 +215,15 @@ class DataPlane:
                 "generator: call Predict, or Generate on a generator model (Info lists each "
                 "model's kind)"
             )
-        if entry.engine is None:  # freed between get and here
+        engine = entry.engine
+        if engine is None:  # freed between get and here
             raise UnavailableError(
                 f"model {entry.name!r} version {entry.version} is {entry.state.name}"
             )
-        return entry, entry.engine
+        metrics = self.generation_metrics
+        if metrics is not None and engine.output_processor.timings is None:
+            engine.output_processor.timings = metrics.timings(entry.name)
+        return entry, engine
 
     def check_prompt_size(
         self, model: str, version: int, prompt_bytes: int, token_ids: int, exact: bool = True

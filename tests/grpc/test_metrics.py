@@ -82,10 +82,14 @@ def scraped(metrics_server: ServerThread) -> str:
             list(client.generate("tinylm", token_ids=[5] * 100, max_tokens=100_000))
     server = metrics_server.server
     assert server is not None and server.observability.generation is not None
-    # The recorder's arithmetic, on a model of its own: 3 tokens, then 2 more 0.2 s later.
-    stream = server.observability.generation.stream("mlp", arrived=10.0, prompt_tokens=7)
-    stream.tokens(1, now=10.5)
-    stream.tokens(2, now=10.7)
+    # The recorders, on a model of its own: 3 tokens, the first 0.5 s after the request
+    # arrived, then 2 more 0.2 s later (the output processor's arithmetic is tested apart).
+    stream = server.observability.generation.stream("mlp", prompt_tokens=7)
+    stream.tokens(1)
+    stream.tokens(2)
+    timings = server.observability.generation.timings("mlp")
+    timings.first_token(0.5)
+    timings.inter_token(0.2 / 2, 2)
     return scrape(server.observability.port)
 
 

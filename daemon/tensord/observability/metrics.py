@@ -12,7 +12,6 @@ Names follow the Prometheus conventions: a `tensord_` prefix, base units in the 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -151,54 +150,54 @@ class GenerationMetrics:
             )
         )
 
-    def stream(self, model: str, arrived: float | None = None, prompt_tokens: int = 0) -> Stream:
-        """A recorder for one Generate stream; `arrived` is its time.perf_counter() arrival.
-        Its prompt tokens count at its first chunk: a request the engine refuses (queue
-        full, too long for the pool) never counts."""
+    def stream(self, model: str, prompt_tokens: int = 0) -> Stream:
+        """A token counter for one Generate stream. Its prompt tokens count at its first
+        chunk: a request the engine refuses (queue full, too long for the pool) never
+        counts."""
         prompt = functools.partial(self._prompt_tokens.get(model).inc, prompt_tokens)
-        return Stream(
-            prompt,
-            self._tokens.get(model).inc,
-            self._ttft.get(model).observe,
-            self._itl.get(model).observe,
-            time.perf_counter() if arrived is None else arrived,
-        )
+        return Stream(prompt, self._tokens.get(model).inc)
+
+    def timings(self, model: str) -> TokenTimings:
+        """Where one model's generation engine reports its streams' token timings (its
+        output processor measures them once, for these histograms and each stream's
+        Usage alike)."""
+        return TokenTimings(self._ttft.get(model).observe, self._itl.get(model).observe)
 
 
 class Stream:
-    """One stream's token timing: the first token observes TTFT, later ones the gap."""
+    """One stream's token count; the prompt's tokens count at the first chunk."""
 
-    __slots__ = ("_arrived", "_count", "_itl", "_last", "_prompt", "_ttft")
+    __slots__ = ("_count", "_prompt")
 
-    def __init__(
-        self,
-        prompt: Callable[[], None],
-        count: Callable[[float], None],
-        ttft: Callable[[float], None],
-        itl: Callable[[float], None],
-        arrived: float,
-    ) -> None:
+    def __init__(self, prompt: Callable[[], None], count: Callable[[float], None]) -> None:
         self._prompt: Callable[[], None] | None = prompt
-        self._count, self._ttft, self._itl = count, ttft, itl
-        self._last: float | None = None
-        self._arrived = arrived
+        self._count = count
 
-    def tokens(self, n: int = 1, now: float | None = None) -> None:
-        """`n` tokens were emitted together at `now` (time.perf_counter())."""
+    def tokens(self, n: int = 1) -> None:
+        """`n` tokens were streamed together."""
         if self._prompt is not None:  # the first chunk: the engine admitted the request
             self._prompt()
             self._prompt = None
-        if n <= 0:
-            return
-        now = time.perf_counter() if now is None else now
-        self._count(n)
-        if self._last is None:
-            self._ttft(now - self._arrived)
-        else:
-            gap = (now - self._last) / n
-            for _ in range(n):
-                self._itl(gap)
-        self._last = now
+        if n > 0:
+            self._count(n)
+
+
+class TokenTimings:
+    """One model's time to first token and inter-token latency histograms."""
+
+    __slots__ = ("_itl", "_ttft")
+
+    def __init__(self, ttft: Callable[[float], None], itl: Callable[[float], None]) -> None:
+        self._ttft, self._itl = ttft, itl
+
+    def first_token(self, seconds: float) -> None:
+        """A request's first token came `seconds` after the server received it."""
+        self._ttft(seconds)
+
+    def inter_token(self, seconds: float, tokens: int) -> None:
+        """`tokens` more tokens came, each `seconds` after the one before."""
+        for _ in range(tokens):
+            self._itl(seconds)
 
 
 class Metrics:

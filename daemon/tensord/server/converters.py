@@ -60,7 +60,8 @@ def generate_call(request: pb.GenerateRequest, time_remaining: float | None) -> 
         ignore_eos=s.ignore_eos,
         logprobs=s.logprobs,
     )
-    deadline = None if time_remaining is None else time.monotonic() + time_remaining
+    now = time.monotonic()
+    deadline = None if time_remaining is None else now + time_remaining
     return GenerateCall(
         request.model,
         request.version,
@@ -68,6 +69,7 @@ def generate_call(request: pb.GenerateRequest, time_remaining: float | None) -> 
         list(request.prompt_token_ids),
         params,
         deadline,
+        arrival=now,
     )
 
 

@@ -40,6 +40,41 @@ def lp(token: int) -> TokenLogprob:
     return TokenLogprob(token, -0.25, ((token, -0.25),))
 
 
+class Timings:
+    """What the metrics would be told."""
+
+    def __init__(self) -> None:
+        self.first: list[float] = []
+        self.gaps: list[tuple[float, int]] = []
+
+    def first_token(self, seconds: float) -> None:
+        self.first.append(seconds)
+
+    def inter_token(self, seconds: float, tokens: int) -> None:
+        self.gaps.append((seconds, tokens))
+
+
+def test_metrics_get_the_timings_usage_reports() -> None:
+    tokenizer = byte_level_bpe(["abc abc abc"] * 5, 270)
+    clock, timings = Clock(), Timings()
+    processor = OutputProcessor(tokenizer, clock, timings)
+    slot = processor.add_request(make_request("r", [1, 2], arrival=99.75))
+    for now, tokens, status in [
+        (100.0, [3], None),
+        (100.25, [4, 5], None),
+        (100.5, [6], RequestStatus.FINISHED_LENGTH),
+    ]:
+        clock.now = now
+        processor.process_outputs([EngineCoreOutput("r", tokens, status, None, None)])
+    usage = everything(slot)
+    assert usage is not None and usage.usage is not None
+    assert timings.first == [0.25]
+    assert timings.gaps == [(0.125, 2), (0.25, 1)]
+    assert usage.usage.time_to_first_token_ms == pytest.approx(timings.first[0] * 1e3)
+    gaps = [seconds for seconds, n in timings.gaps for _ in range(n)]
+    assert usage.usage.mean_inter_token_ms == pytest.approx(sum(gaps) / len(gaps) * 1e3)
+
+
 def test_chunks_merge_while_the_reader_is_away_but_the_first_goes_alone() -> None:
     slot = RequestOutputCollector()
     slot.put(RequestOutput("r", 0, [5], "a", [lp(5)]))

@@ -142,9 +142,11 @@ class GenerationEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         deadline: float | None = None,
+        arrival_time: float | None = None,
     ) -> tuple[str, RequestOutputCollector]:
         """Admit a request (raises InvalidArgument / ResourceExhausted / Unavailable at
-        once); returns its id and the slot its chunks arrive in."""
+        once); returns its id and the slot its chunks arrive in. `arrival_time`
+        (time.monotonic()) is when the server received it: its token timings start there."""
         spec = self.directory.spec
         resolved = params.resolve(
             self.defaults,
@@ -154,7 +156,8 @@ class GenerationEngine:
         )
         self.handoff.loop = asyncio.get_running_loop()
         request_id = f"{self.name}-{next(self._ids)}"
-        request = Request(request_id, list(prompt_token_ids), resolved, time.monotonic(), deadline)
+        arrived = time.monotonic() if arrival_time is None else arrival_time
+        request = Request(request_id, list(prompt_token_ids), resolved, arrived, deadline)
         with self._wake:
             if self._stopping is not None:
                 raise self._stopping
@@ -168,10 +171,11 @@ class GenerationEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         deadline: float | None = None,
+        arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Admit, then yield chunks until the last one; a reader that goes away (cancel,
         disconnect, break) aborts the request and frees its blocks."""
-        request_id, collector = self.add_request(prompt_token_ids, params, deadline)
+        request_id, collector = self.add_request(prompt_token_ids, params, deadline, arrival_time)
         finished = False
         try:
             while not finished:

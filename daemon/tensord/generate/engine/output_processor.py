@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tokenizers import Tokenizer
 
@@ -75,6 +76,17 @@ class RequestOutputCollector:
         return None
 
 
+class TokenTimings(Protocol):
+    """Where a model's token timings go besides each stream's Usage (the Prometheus
+    histograms): the same measurement, from the moment the server received the request."""
+
+    def first_token(self, seconds: float) -> None:
+        """A request's first token came `seconds` after the request arrived."""
+
+    def inter_token(self, seconds: float, tokens: int) -> None:
+        """`tokens` more tokens came, each `seconds` after the one before (on average)."""
+
+
 @dataclass(slots=True, eq=False)
 class RequestState:
     """What the output processor keeps for one live request."""
@@ -105,10 +117,17 @@ class RequestState:
 class OutputProcessor:
     """Detokenizes, stops on text, and fills each request's output slot."""
 
-    def __init__(self, tokenizer: Tokenizer, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        clock: Callable[[], float] = time.monotonic,
+        timings: TokenTimings | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self._clock = clock
         self.request_states: dict[str, RequestState] = {}
+        self.timings = timings
+        """Also told every token's timing (the server's metrics), or None."""
 
     def add_request(
         self, request: Request, skip_special_tokens: bool = True
@@ -180,9 +199,7 @@ class OutputProcessor:
     def _chunk(self, state: RequestState, output: EngineCoreOutput, now: float) -> RequestOutput:
         index = state.num_output_tokens
         state.num_output_tokens += len(output.new_token_ids)
-        if state.first_token_time is None:
-            state.first_token_time = now
-        state.last_token_time = now
+        self._time_tokens(state, len(output.new_token_ids), now)
         text = state.detokenizer.update(output.new_token_ids)
         if output.finished:
             text += state.detokenizer.flush()
@@ -204,6 +221,21 @@ class OutputProcessor:
         if finish_reason is not None:
             chunk.usage = state.usage()
         return chunk
+
+    def _time_tokens(self, state: RequestState, count: int, now: float) -> None:
+        """Stamp `count` new tokens at `now`; tell the metrics the time to the first one
+        (from the request's arrival) or the gap per token since the last chunk."""
+        first = state.first_token_time is None
+        if first:
+            state.first_token_time = now
+        last, state.last_token_time = state.last_token_time, now
+        timings = self.timings
+        if timings is None or count <= 0:
+            return
+        if first or last is None:
+            timings.first_token(now - state.arrival_time)
+        else:
+            timings.inter_token((now - last) / count, count)
 
 
 def _abnormal_end(status: RequestStatus) -> TensordError:
