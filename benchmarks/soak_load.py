@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from tensord.codec import encode_tensor
 from tensord.dtypes import DType
+from tensord.server.codec import encode_tensor
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 

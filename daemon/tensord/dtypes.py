@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tensord_client.dtypes import CONTENTS_FIELD, DType, from_numpy
 
-__all__ = ["CONTENTS_FIELD", "DType", "from_numpy", "from_ort_type", "parse"]
+__all__ = ["CONTENTS_FIELD", "DType", "dtype_name", "from_numpy", "from_ort_type", "parse"]
 
 # ONNX Runtime describes types as "tensor(float)" and so on.
 _ORT_NAMES: dict[str, DType] = {
@@ -25,6 +25,12 @@ _ORT_NAMES: dict[str, DType] = {
     "tensor(double)": DType.FLOAT64,
     "tensor(string)": DType.STRING,
 }
+
+
+def dtype_name(dtype: DType) -> str:
+    """The contract's spelling of a dtype, as people see it in grpcurl (DATA_TYPE_FLOAT32):
+    the enum's values are the contract's, and so are its names after the prefix."""
+    return f"DATA_TYPE_{dtype.name}"
 
 
 def from_ort_type(type_name: str) -> DType | None:

@@ -10,7 +10,7 @@ import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from tensord.backends.onnxruntime import available_providers, describe
-from tensord.codec import dtype_name
+from tensord.dtypes import dtype_name
 from tensord.errors import ModelLoadError
 from tensord.generate.model.describe import describe_generator, looks_like_decoder
 

@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from tensord.codec import decode_tensor, encode_tensor
 from tensord.executor.base import ExecutorStats
+from tensord.server.codec import decode_tensor, encode_tensor
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tests.conftest import ServerThread, start_server

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensord.codec import decode_tensor, encode_raw_strings, encode_tensor
 from tensord.dtypes import DType
 from tensord.errors import InvalidArgumentError
+from tensord.server.codec import decode_tensor, encode_raw_strings, encode_tensor
 from tensord.v1 import inference_pb2 as pb
 
 

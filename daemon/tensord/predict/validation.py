@@ -7,8 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tensord.backends.base import TensorSpec
-from tensord.codec import dtype_name
-from tensord.dtypes import from_numpy
+from tensord.dtypes import dtype_name, from_numpy
 from tensord.errors import InvalidArgumentError
 
 

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from tensord.backends.base import TensorSpec
-from tensord.codec import decode_tensor, fill_tensor, pb_dtype
 from tensord.dataplane import GenerateCall, HealthReport, PredictCall, PredictResult, ServerInfo
 from tensord.executor.base import ExecutorStats
 from tensord.generate.core.outputs import RequestOutput
 from tensord.generate.core.sampling_params import SamplingParams
 from tensord.registry.version import GeneratorVersion, ModelVersion, PredictVersion
+from tensord.server.codec import decode_tensor, fill_tensor, pb_dtype
 from tensord.v1 import inference_pb2 as pb
 
 if TYPE_CHECKING:

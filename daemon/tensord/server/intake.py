@@ -29,7 +29,6 @@ from typing import Any
 
 import grpc
 
-from tensord.codec import MAX_RANK
 from tensord.config_tables import LimitsSettings
 from tensord.dataplane import NOT_SERVING
 from tensord.errors import (
@@ -39,6 +38,7 @@ from tensord.errors import (
     TensordError,
     UnavailableError,
 )
+from tensord.server.codec import MAX_RANK
 from tensord.wire import LENGTH, VARINT, WireError, count_varints, fields
 
 _PARSE_INLINE_BYTES = 256 * 1024

@@ -12,12 +12,12 @@ import grpc
 import structlog
 
 from tensord.access import check_model
-from tensord.codec import decode_cost, encode_cost, encoded_size_floor
 from tensord.config_tables import LimitsSettings
 from tensord.dataplane import DataPlane, PredictResult
 from tensord.errors import ResourceExhaustedError
 from tensord.observability.observer import RequestObserver
 from tensord.server import converters
+from tensord.server.codec import decode_cost, encode_cost, encoded_size_floor
 from tensord.server.context import CallsInFlight, Ctx, StreamSlots, stream_rpc, unary_rpc
 from tensord.server.intake import Intake, Look
 from tensord.v1 import inference_pb2 as pb

@@ -14,7 +14,7 @@ from typing import Any, NoReturn, cast
 
 import numpy as np
 
-from tensord.dtypes import CONTENTS_FIELD, DType, from_numpy
+from tensord.dtypes import CONTENTS_FIELD, DType, dtype_name, from_numpy
 from tensord.errors import InvalidArgumentError
 from tensord.v1 import inference_pb2 as pb
 
@@ -88,11 +88,6 @@ def decode_cost(tensor: pb.Tensor) -> int:
 def pb_dtype(dtype: DType) -> pb.DataType:
     """The contract's enum value for a dtype (the numbers are the same)."""
     return cast(pb.DataType, int(dtype))
-
-
-def dtype_name(dtype: DType) -> str:
-    """The contract's spelling of a dtype, as people see it in grpcurl."""
-    return pb.DataType.Name(int(dtype))
 
 
 def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
