@@ -16,20 +16,12 @@ import structlog
 from grpc_health.v1 import health
 
 from tensord import __version__, heap
-from tensord.backends.base import DeviceOptions
 from tensord.config import TensordConfig
-from tensord.dataplane import DataPlane
+from tensord.dataplane import BackendFactory, DataPlane, default_backend_factory
 from tensord.devices import probe_gpus
-from tensord.errors import DeviceLostError, UnavailableError
+from tensord.errors import DeviceLostError
 from tensord.eventloop import running_loop_name
 from tensord.observability import Observability
-from tensord.registry.registry import (
-    BackendFactory,
-    ModelRegistry,
-    ModelState,
-    default_backend_factory,
-)
-from tensord.registry.version import GeneratorVersion
 from tensord.server.health import HealthPublisher, HealthServicer, add_health_servicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reflection import SERVICE_NAME as REFLECTION_SERVICE_NAME
@@ -75,16 +67,10 @@ class TensordServer:
         config_loader: ConfigLoader | None = None,
     ) -> None:
         self.config = config
-        where = DeviceOptions(
-            device_id=config.server.cuda_device, cache_directory=config.cache_directory
-        )
-        self.registry = ModelRegistry(
-            config.model_repository, backend_factory, self._models_changed, where
-        )
-        self.registry.follow_symlinks = config.follow_model_symlinks
-        self.dataplane = DataPlane(self.registry)
-        self.dataplane.ready_when = config.server.ready_when
-        self.dataplane.on_device_lost = self.registry.on_device_lost = self._device_lost
+        self.dataplane = DataPlane.for_config(config, backend_factory, self._models_changed)
+        self.dataplane.on_device_lost = self._device_lost
+        self.registry = self.dataplane.registry
+        """The data plane's models (the metrics collectors read it; so do the tests)."""
         self.health = HealthServicer(MODEL_HEALTH_PREFIX)
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._health_publisher = HealthPublisher(
@@ -99,7 +85,7 @@ class TensordServer:
         self.notifier = SystemdNotifier()
         interval = watchdog_interval()
         self.watchdog = Watchdog(self.notifier, interval) if interval else None
-        self.reloader = Reloader(self.registry, config_loader)
+        self.reloader = Reloader(self.dataplane, config_loader)
         self._reload_lock = asyncio.Lock()
         self._reload_queued = False
         self._started = asyncio.Event()
@@ -111,7 +97,6 @@ class TensordServer:
         self.security = Security(config, self.observability.rejected)
         self.add_reload_hook(self._reload_security)  # certificates and tokens, on SIGHUP
         self.dataplane.generation_metrics = self.observability.generation
-        self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens
         self.add_reload_hook(self._apply_limits)
         self.observability.watch_stream_limit(self.security.stream_limit)
         self._server = grpc.aio.server(
@@ -167,7 +152,7 @@ class TensordServer:
             gpus=[g.name for g in gpus.gpus],
             gpu_unavailable_reason=gpus.unavailable_reason or None,
         )
-        await self.registry.load_all()
+        await self.dataplane.load_models()
         if self.watchdog is not None:
             self.watchdog.start()
         if self._stop_requested.is_set():  # SIGTERM, or a device lost, while loading
@@ -199,10 +184,7 @@ class TensordServer:
 
     def model_counts(self) -> dict[str, int]:
         """Model versions by state: {"loading": 0, "ready": 2, "failed": 1, "unloading": 0}."""
-        counts = {state.name.lower(): 0 for state in ModelState}
-        for mv in self.registry.versions():
-            counts[mv.state.name.lower()] += 1
-        return counts
+        return self.dataplane.model_counts()
 
     def status_line(self) -> str:
         """The STATUS= line systemd shows: state (and why not serving), port, model counts."""
@@ -297,14 +279,7 @@ class TensordServer:
         if self.watchdog is not None:
             await self.watchdog.stop()
         await self.health.enter_graceful_shutdown()
-        for entry in self.registry.versions():  # Generate requests not started yet
-            if isinstance(entry, GeneratorVersion) and entry.engine is not None:
-                entry.engine.fail_waiting(
-                    UnavailableError(
-                        "the server is shutting down and this request had not started: "
-                        "retry on another instance"
-                    )
-                )
+        self.dataplane.fail_waiting_generations()  # their clients retry elsewhere at once
         if self.config.server.drain_delay_seconds:
             # Calls still arriving get UNAVAILABLE from the data plane; closing at once
             # would cancel those gRPC has taken in but not yet handed to a handler.
@@ -313,7 +288,7 @@ class TensordServer:
         # UNAVAILABLE (their blocks freed), so clients see a status they can retry on,
         # not a bare cancellation.
         end_streams = loop.call_later(
-            grace - min(1.0, grace / 2), lambda: self._spawn(self._end_streams())
+            grace - min(1.0, grace / 2), lambda: self._spawn(self.dataplane.end_generations())
         )
         self.health.close_watches()  # watchers heard NOT_SERVING; they must not hold the drain
 
@@ -331,10 +306,10 @@ class TensordServer:
         end_streams.cancel()
         # gRPC has stopped (every call answered, or cancelled as the grace ran out): a run
         # still going has nobody waiting and would hold the process until it returns.
-        self.registry.terminate_runs()
+        self.dataplane.terminate_runs()
         self._started.set()  # a reload still waiting for start-up now sees the stop
         async with self._reload_lock:  # a reload in progress finishes its loads first
-            await self.registry.close()
+            await self.dataplane.close()
         await asyncio.to_thread(self.observability.stop)  # joins a thread, flushes spans
         if self.watchdog is not None:
             self.watchdog.close()
@@ -347,19 +322,8 @@ class TensordServer:
         await asyncio.to_thread(self.security.reload, config)
 
     def _apply_limits(self, config: TensordConfig) -> None:
-        self.dataplane.max_prompt_tokens = config.limits.max_prompt_tokens
-        self.dataplane.ready_when = config.server.ready_when
-        self.registry.follow_symlinks = config.follow_model_symlinks
+        self.dataplane.apply(config)
         self._intake.limits = config.limits
-
-    async def _end_streams(self) -> None:
-        error = UnavailableError(
-            "the server is shutting down; the stream ended before it finished: retry on "
-            "another instance"
-        )
-        for entry in self.registry.versions():
-            if isinstance(entry, GeneratorVersion) and entry.engine is not None:
-                await asyncio.to_thread(entry.engine.close, error)
 
     def adopt_process_settings(self) -> None:
         """Run this process as the daemon runs: the GIL switch interval from the config

@@ -1,22 +1,28 @@
-"""Protobuf to domain types and back. No logic beyond the mapping lives here."""
+"""Protobuf to the data plane's types and back. No logic beyond the mapping lives here."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
-from tensord.backends.base import TensorSpec
-from tensord.dataplane import GenerateCall, HealthReport, PredictCall, PredictResult, ServerInfo
-from tensord.executor.base import ExecutorStats
-from tensord.generate.core.outputs import RequestOutput
-from tensord.generate.core.sampling_params import SamplingParams
-from tensord.registry.version import GeneratorVersion, ModelVersion, PredictVersion
+from tensord.dataplane import (
+    BatchingSnapshot,
+    ExecutorStats,
+    GenerateCall,
+    GeneratorSnapshot,
+    HealthReport,
+    ModelSnapshot,
+    ModelState,
+    PredictCall,
+    PredictResult,
+    ProcessingReport,
+    RequestOutput,
+    SamplingParams,
+    ServerInfo,
+    TensorSpec,
+)
 from tensord.server.codec import decode_tensor, fill_tensor, pb_dtype
 from tensord.v1 import inference_pb2 as pb
-
-if TYPE_CHECKING:
-    from tensord.generate.engine.engine import EngineStats, GenerationEngine
 
 
 def predict_call(request: pb.PredictRequest, time_remaining: float | None) -> PredictCall:
@@ -103,14 +109,15 @@ def generate_response(chunk: RequestOutput) -> pb.GenerateResponse:
     return response
 
 
-def generator_status(engine: GenerationEngine, stats: EngineStats) -> pb.GeneratorStatus:
-    """Encode a generation engine's limits and state for Info."""
-    limits, kv = engine.limits, stats.kv_cache
+def generator_status(g: GeneratorSnapshot) -> pb.GeneratorStatus:
+    """Encode a generator's limits and its engine's state for Info."""
+    stats = g.stats
+    kv = stats.kv_cache
     return pb.GeneratorStatus(
-        max_model_len=limits.max_model_len,
-        max_num_seqs=limits.max_num_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens,
-        max_queue_size=limits.max_queue_size,
+        max_model_len=g.max_model_len,
+        max_num_seqs=g.max_num_seqs,
+        max_num_batched_tokens=g.max_num_batched_tokens,
+        max_queue_size=g.max_queue_size,
         running=stats.running,
         waiting=stats.waiting,
         kv_cache=pb.KvCacheStatus(
@@ -120,17 +127,17 @@ def generator_status(engine: GenerationEngine, stats: EngineStats) -> pb.Generat
             free_blocks=kv.free_blocks,
             cached_blocks=kv.cached_blocks,
             utilization=kv.utilisation,
-            block_bytes=limits.block_bytes,
-            total_bytes=engine.storage.nbytes,
+            block_bytes=g.block_bytes,
+            total_bytes=g.total_bytes,
         ),
         steps=stats.steps,
         generated_tokens=stats.generated_tokens,
         prefix_hit_tokens=stats.prefix_hit_tokens,
         preemptions=stats.preemptions,
-        eos_token_ids=list(engine.directory.spec.eos_token_ids),
-        stream_interval=limits.stream_interval,
-        batch_layout=engine.layout.layout.value,
-        batch_layout_reason=engine.layout.reason,
+        eos_token_ids=g.eos_token_ids,
+        stream_interval=g.stream_interval,
+        batch_layout=g.batch_layout,
+        batch_layout_reason=g.batch_layout_reason,
         model_passes=stats.passes.passes,
         pass_sequences=stats.passes.sequences,
         max_pass_sequences=stats.passes.max_sequences,
@@ -143,16 +150,14 @@ def health_response(report: HealthReport) -> pb.HealthResponse:
     return pb.HealthResponse(
         status=status,
         models=[
-            pb.ModelHealth(
-                name=mv.name, version=mv.version, state=_state(mv), reason=report.redact(mv.reason)
-            )
-            for mv in report.models
+            pb.ModelHealth(name=m.name, version=m.version, state=_state(m.state), reason=m.reason)
+            for m in report.models
         ],
     )
 
 
-def _state(mv: ModelVersion) -> pb.ModelState:
-    return cast(pb.ModelState, int(mv.state))
+def _state(state: ModelState) -> pb.ModelState:
+    return cast(pb.ModelState, int(state))
 
 
 def _spec(spec: TensorSpec) -> pb.TensorSpec:
@@ -164,76 +169,61 @@ def _spec(spec: TensorSpec) -> pb.TensorSpec:
     )
 
 
-def model_info(mv: ModelVersion, redact: Callable[[str], str] = str) -> pb.ModelInfo:
-    """Encode one model version for Info; `redact` is what its failure reason may show."""
-    info = pb.ModelInfo(
-        name=mv.name,
-        version=mv.version,
-        state=_state(mv),
-        reason=redact(mv.reason),
-        backend=mv.config.backend,
-        inputs=[_spec(s) for s in mv.inputs],
-        outputs=[_spec(s) for s in mv.outputs],
-        max_batch_size=mv.config.max_batch_size,
-        load_time_ms=mv.load_time_s * 1e3,
-        kind=mv.kind,
-        instance_count=_instances(mv),
+def _step(report: ProcessingReport) -> pb.ProcessingStep:
+    return pb.ProcessingStep(
+        kind=report.kind,
+        device=report.device,
+        description=report.description,
+        reason=report.reason,
     )
-    if mv.placement is not None:
-        info.provider = mv.placement.provider
-        info.provider_reason = mv.placement.provider_reason
-        info.requested_providers.extend(mv.placement.requested_providers)
-    match mv:
-        case PredictVersion():
-            _predict_info(info, mv)
-        case GeneratorVersion():
-            if mv.engine is not None:
-                info.executor = "cpu"  # the engine's steps run on the host (model_runner.py)
-                info.generator.CopyFrom(generator_status(mv.engine, mv.engine.stats()))
+
+
+def model_info(m: ModelSnapshot) -> pb.ModelInfo:
+    """Encode one model version for Info."""
+    info = pb.ModelInfo(
+        name=m.name,
+        version=m.version,
+        state=_state(m.state),
+        reason=m.reason,
+        backend=m.backend,
+        inputs=[_spec(s) for s in m.inputs],
+        outputs=[_spec(s) for s in m.outputs],
+        max_batch_size=m.max_batch_size,
+        load_time_ms=m.load_time_s * 1e3,
+        kind=m.kind,
+        instance_count=m.instance_count,
+        provider=m.provider,
+        provider_reason=m.provider_reason,
+        requested_providers=m.requested_providers,
+        executor=m.executor,
+    )
+    if m.executor_status is not None:
+        info.executor_status.CopyFrom(
+            executor_status(m.executor_status.stats, m.executor_status.reason)
+        )
+    if m.generator is not None:
+        info.generator.CopyFrom(generator_status(m.generator))
+    if m.preprocess is not None:
+        info.preprocess.CopyFrom(_step(m.preprocess))
+    if m.postprocess is not None:
+        info.postprocess.CopyFrom(_step(m.postprocess))
+    if m.dynamic_batching is not None:
+        info.dynamic_batching.CopyFrom(_batching(m.dynamic_batching))
     return info
 
 
-def _predict_info(info: pb.ModelInfo, mv: PredictVersion) -> None:
-    """What Info shows of a predict model beyond what every version has."""
-    if mv.executor is not None:
-        info.executor = mv.executor.kind
-        info.executor_status.CopyFrom(executor_status(mv.executor.stats(), mv.executor.reason))
-    for report in mv.processing:
-        step = info.postprocess if report.kind in ("topk", "nms") else info.preprocess
-        step.CopyFrom(
-            pb.ProcessingStep(
-                kind=report.kind,
-                device=report.device,
-                description=report.description,
-                reason=report.reason,
-            )
-        )
-    batching = mv.config.dynamic_batching
-    if batching is not None:
-        info.dynamic_batching.CopyFrom(
-            pb.DynamicBatching(
-                preferred_batch_size=batching.preferred_batch_size,
-                max_queue_delay_microseconds=batching.max_queue_delay_microseconds,
-                max_queue_size=batching.max_queue_size,
-                default_timeout_microseconds=batching.default_timeout_microseconds,
-            )
-        )
-        if mv.batcher is not None:
-            s = mv.batcher.stats
-            d = info.dynamic_batching
-            d.batches, d.requests, d.rows = s.batches, s.requests, s.rows
-            d.expired, d.rejected, d.queue_depth = s.expired, s.rejected, mv.batcher.queue_depth
-            d.concurrent_batches = mv.batcher.settings.instances
-
-
-def _instances(mv: ModelVersion) -> int:
-    """Runs that may execute at once, as served (not only as model.toml says)."""
-    match mv:
-        case GeneratorVersion():
-            return 1  # the engine runs one step at a time, whatever model.toml's default says
-        case PredictVersion(executor=executor) if executor is not None:
-            return mv.config.instances_on(executor.kind)
-    return mv.config.instance_count
+def _batching(b: BatchingSnapshot) -> pb.DynamicBatching:
+    batching = pb.DynamicBatching(
+        preferred_batch_size=b.preferred_batch_size,
+        max_queue_delay_microseconds=b.max_queue_delay_microseconds,
+        max_queue_size=b.max_queue_size,
+        default_timeout_microseconds=b.default_timeout_microseconds,
+    )
+    if b.served:
+        batching.batches, batching.requests, batching.rows = b.batches, b.requests, b.rows
+        batching.expired, batching.rejected = b.expired, b.rejected
+        batching.queue_depth, batching.concurrent_batches = b.queue_depth, b.concurrent_batches
+    return batching
 
 
 def executor_status(stats: ExecutorStats, reason: str) -> pb.ExecutorStatus:
@@ -285,5 +275,5 @@ def info_response(info: ServerInfo) -> pb.InfoResponse:
         cuda_runtime_version=info.gpu.runtime_version,
         available_providers=info.available_providers,
         tensorrt=info.tensorrt,
-        models=[model_info(mv, info.redact) for mv in info.models],
+        models=[model_info(m) for m in info.models],
     )

@@ -23,10 +23,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2
 
 from tensord.access import may_probe, may_see
-from tensord.dataplane import DataPlane
-from tensord.errors import NotFoundError
-from tensord.registry.readiness import Readiness
-from tensord.registry.version import ModelState
+from tensord.dataplane import DataPlane, Readiness
 from tensord.server.intake import Intake, bounded_handlers
 
 log = structlog.get_logger("tensord.server")
@@ -122,15 +119,11 @@ class HealthPublisher:
         overall = _SERVING if readiness.ready else _NOT_SERVING
         for service in self._services:
             await servicer.set(service, overall)
-        registry, prefix = dataplane.registry, servicer.model_prefix
-        names = registry.names()
-        for name in names:
-            try:
-                versions = registry.get_versions(name)
-            except NotFoundError:  # removed by a reload while this ran
-                versions = []
-            ready = dataplane.serving and any(mv.state is ModelState.READY for mv in versions)
-            await servicer.set(prefix + name, _SERVING if ready else _NOT_SERVING)
+        prefix = servicer.model_prefix
+        models = dataplane.models_serving()
+        for name, serving in models:
+            await servicer.set(prefix + name, _SERVING if serving else _NOT_SERVING)
+        names = [name for name, _ in models]
         for name in self._announced.difference(names):  # removed by a reload
             await servicer.set(prefix + name, _NOT_SERVING)
         self._announced.update(names)

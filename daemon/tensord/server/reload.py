@@ -22,9 +22,8 @@ from typing import Any
 import structlog
 
 from tensord.config import TensordConfig
+from tensord.dataplane import DataPlane, RepositoryChanges
 from tensord.errors import ConfigError, ModelLoadError
-from tensord.registry.changes import RepositoryChanges
-from tensord.registry.registry import ModelRegistry
 
 log = structlog.get_logger("tensord.reload")
 
@@ -166,8 +165,8 @@ def keep_restart_only(
 class Reloader:
     """Owns the reload hooks and runs one reload at a time."""
 
-    def __init__(self, registry: ModelRegistry, load_config: ConfigLoader | None) -> None:
-        self.registry = registry
+    def __init__(self, dataplane: DataPlane, load_config: ConfigLoader | None) -> None:
+        self.dataplane = dataplane
         self._load_config = load_config
         self._hooks: list[ReloadHook] = []
         self.restart_only: tuple[str, ...] = RESTART_ONLY_KEYS
@@ -202,7 +201,7 @@ class Reloader:
         for hook in self._hooks:
             await self._run_hook(hook, config, result)
         try:
-            result.models = await self.registry.reload(config.model_repository)
+            result.models = await self.dataplane.reload_models(config.model_repository)
         except Exception as exc:
             error = str(exc) if isinstance(exc, ModelLoadError) else f"unexpected: {exc!r}"
             result.models_error = error

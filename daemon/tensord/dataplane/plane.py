@@ -9,102 +9,48 @@ import asyncio
 import functools
 import platform
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from tensord import __version__
 from tensord.access import check_model, may_see, redact_paths, sees_server_paths
-from tensord.config import ReadyWhen
-from tensord.devices import CpuReport, GpuReport, probe_cpu, probe_gpus
+from tensord.backends.base import DeviceOptions
+from tensord.config import ReadyWhen, TensordConfig
+from tensord.dataplane.snapshots import model_health, model_snapshot
+from tensord.dataplane.types import (
+    GenerateCall,
+    HealthReport,
+    PredictCall,
+    PredictResult,
+    RequestOutput,
+    ServerInfo,
+)
+from tensord.devices import probe_cpu, probe_gpus
 from tensord.errors import (
     DeviceLostError,
     FailedPreconditionError,
     InvalidArgumentError,
+    NotFoundError,
     UnavailableError,
 )
 from tensord.eventloop import running_loop_name
 from tensord.executor.split import run_splitting_on_oom
-from tensord.generate.core.outputs import RequestOutput
-from tensord.generate.core.sampling_params import SamplingParams
 from tensord.generate.engine.engine import GenerationEngine
 from tensord.generate.model.model_dir import GeneratorDirectory
 from tensord.limits import check_prompt_tokens
 from tensord.observability.metrics import GenerationMetrics
 from tensord.predict.validation import check_inputs, check_output_names
+from tensord.registry.changes import RepositoryChanges
 from tensord.registry.readiness import Readiness, judge
-from tensord.registry.registry import ModelRegistry
-from tensord.registry.version import GeneratorVersion, ModelState, ModelVersion, PredictVersion
-
-
-@dataclass(slots=True)
-class PredictCall:
-    """A Predict request after decoding."""
-
-    model: str
-    version: int
-    inputs: list[tuple[str, np.ndarray]]
-    output_names: list[str]
-    deadline: float | None
-    """time.monotonic() by which the answer is due, or None."""
-
-
-@dataclass(slots=True)
-class PredictResult:
-    """A Predict answer before encoding."""
-
-    model: str
-    version: int
-    outputs: list[tuple[str, np.ndarray]]
-    queue_s: float
-    compute_s: float
-
-
-@dataclass(slots=True)
-class GenerateCall:
-    """A Generate request after decoding: exactly one of prompt and prompt_token_ids."""
-
-    model: str
-    version: int
-    prompt: str
-    prompt_token_ids: list[int]
-    sampling: SamplingParams
-    deadline: float | None
-    arrival: float = 0.0
-    """time.monotonic() when the server received the request (0: when the engine admits
-    it); the stream's time to first token and inter-token times count from here."""
-
+from tensord.registry.registry import BackendFactory, ModelRegistry, default_backend_factory
+from tensord.registry.version import GeneratorVersion, ModelState, PredictVersion
 
 NOT_SERVING = "the server is starting or draining; retry shortly"
 """What a call gets while the server does not serve (UNAVAILABLE: clients retry)."""
 
 # Prompts longer than this are tokenised on a worker thread, not on the event loop.
 _INLINE_TOKENIZE_CHARS = 2048
-
-
-@dataclass(slots=True)
-class HealthReport:
-    """Overall serving state and the versions reported."""
-
-    serving: bool
-    models: list[ModelVersion]
-    redact: Callable[[str], str] = str
-    """What a failure reason may show this caller (Health never shows server paths)."""
-
-
-@dataclass(slots=True)
-class ServerInfo:
-    """Everything Info reports."""
-
-    version: str
-    runtime: dict[str, str]
-    cpu: CpuReport
-    gpu: GpuReport
-    available_providers: list[str]
-    tensorrt: str
-    models: list[ModelVersion]
-    redact: Callable[[str], str] = str
-    """What a failure reason may show this caller (server paths only to an operator)."""
 
 
 async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory) -> list[int]:
@@ -140,7 +86,30 @@ class DataPlane:
         self.generation_metrics: GenerationMetrics | None = None
         """Where Generate streams record tokens and latencies; None when metrics are off."""
         self.on_device_lost: Callable[[DeviceLostError], None] = lambda exc: None
-        """Called when a run meets a sticky device error (the server restarts)."""
+        """Called when a run or a load meets a sticky device error (the server restarts)."""
+        registry.on_device_lost = lambda exc: self.on_device_lost(exc)
+
+    @classmethod
+    def for_config(
+        cls,
+        config: TensordConfig,
+        backend_factory: BackendFactory = default_backend_factory,
+        on_change: Callable[[], None] | None = None,
+    ) -> DataPlane:
+        """A data plane over the configured model repository (nothing loaded yet);
+        `on_change` is called whenever a version's state changes."""
+        where = DeviceOptions(
+            device_id=config.server.cuda_device, cache_directory=config.cache_directory
+        )
+        plane = cls(ModelRegistry(config.model_repository, backend_factory, on_change, where))
+        plane.apply(config)
+        return plane
+
+    def apply(self, config: TensordConfig) -> None:
+        """Take the settings a reload may change: readiness policy, prompt limit, symlinks."""
+        self.ready_when = config.server.ready_when
+        self.max_prompt_tokens = config.limits.max_prompt_tokens
+        self.registry.follow_symlinks = config.follow_model_symlinks
 
     async def predict(self, call: PredictCall) -> PredictResult:
         """Validate against the signature, queue, run, and return the asked-for outputs."""
@@ -272,9 +241,30 @@ class DataPlane:
         serving = self.readiness().ready
         if model:
             check_model(model)  # a token sees the health of the models it may use
-            return HealthReport(serving, self.registry.get_versions(model), redact)
-        versions = [mv for mv in self.registry.versions() if may_see(mv.name)]
-        return HealthReport(serving, versions, redact)
+            versions = self.registry.get_versions(model)
+        else:
+            versions = [mv for mv in self.registry.versions() if may_see(mv.name)]
+        return HealthReport(serving, [model_health(mv, redact) for mv in versions])
+
+    def models_serving(self) -> list[tuple[str, bool]]:
+        """Each model's name and whether it serves: calls are taken and one of its
+        versions is READY (the per-model health services)."""
+        serving = []
+        for name in self.registry.names():
+            try:
+                versions = self.registry.get_versions(name)
+            except NotFoundError:  # removed by a reload while this ran
+                versions = []
+            ready = any(mv.state is ModelState.READY for mv in versions)
+            serving.append((name, self.serving and ready))
+        return serving
+
+    def model_counts(self) -> dict[str, int]:
+        """Model versions by state: {"loading": 0, "ready": 2, "failed": 1, "unloading": 0}."""
+        counts = {state.name.lower(): 0 for state in ModelState}
+        for mv in self.registry.versions():
+            counts[mv.state.name.lower()] += 1
+        return counts
 
     def _reasons(self) -> Callable[[str], str]:
         """How a failure reason is shown to the current caller: whole to an operator
@@ -310,9 +300,51 @@ class DataPlane:
             probe_gpus(),
             available_providers(),
             tensorrt_status()[1],
-            [mv for mv in self.registry.versions() if may_see(mv.name)],
-            redact,
+            [model_snapshot(mv, redact) for mv in self.registry.versions() if may_see(mv.name)],
         )
+
+    async def load_models(self) -> None:
+        """Scan the repository and load every version (start-up)."""
+        await self.registry.load_all()
+
+    async def reload_models(self, repository: Path) -> RepositoryChanges:
+        """Scan `repository` again: load new and changed versions, unload removed ones."""
+        return await self.registry.reload(repository)
+
+    def fail_waiting_generations(self) -> None:
+        """At a drain: end the Generate requests that have not started with UNAVAILABLE,
+        so that their clients retry elsewhere at once."""
+        error = UnavailableError(
+            "the server is shutting down and this request had not started: "
+            "retry on another instance"
+        )
+        for engine in self._engines():
+            engine.fail_waiting(error)
+
+    async def end_generations(self) -> None:
+        """Shortly before a drain's grace ends: close the Generate streams still running
+        with UNAVAILABLE (their blocks freed), so clients see a status to retry on."""
+        error = UnavailableError(
+            "the server is shutting down; the stream ended before it finished: retry on "
+            "another instance"
+        )
+        for engine in self._engines():
+            await asyncio.to_thread(engine.close, error)
+
+    def _engines(self) -> list[GenerationEngine]:
+        return [
+            mv.engine
+            for mv in self.registry.versions()
+            if isinstance(mv, GeneratorVersion) and mv.engine is not None
+        ]
+
+    def terminate_runs(self) -> None:
+        """Cut every model run in progress short (the drain's grace has run out)."""
+        self.registry.terminate_runs()
+
+    async def close(self) -> None:
+        """Unload every version and free what it holds."""
+        await self.registry.close()
 
     def _check_serving(self) -> None:
         if not self.serving:

@@ -1,0 +1,52 @@
+"""The data plane: what each RPC does, in domain types (plane.py), and the types a
+transport converts its messages to and from (types.py). Nothing here knows protobuf."""
+
+from tensord.dataplane.plane import NOT_SERVING, DataPlane
+from tensord.dataplane.types import (
+    BatchingSnapshot,
+    EngineStats,
+    ExecutorSnapshot,
+    ExecutorStats,
+    GenerateCall,
+    GeneratorSnapshot,
+    HealthReport,
+    ModelHealth,
+    ModelSnapshot,
+    ModelState,
+    PredictCall,
+    PredictResult,
+    ProcessingReport,
+    Readiness,
+    RequestOutput,
+    SamplingParams,
+    ServerInfo,
+    TensorSpec,
+)
+from tensord.registry.changes import RepositoryChanges
+from tensord.registry.registry import BackendFactory, default_backend_factory
+
+__all__ = [
+    "NOT_SERVING",
+    "BackendFactory",
+    "BatchingSnapshot",
+    "DataPlane",
+    "EngineStats",
+    "ExecutorSnapshot",
+    "ExecutorStats",
+    "GenerateCall",
+    "GeneratorSnapshot",
+    "HealthReport",
+    "ModelHealth",
+    "ModelSnapshot",
+    "ModelState",
+    "PredictCall",
+    "PredictResult",
+    "ProcessingReport",
+    "Readiness",
+    "RepositoryChanges",
+    "RequestOutput",
+    "SamplingParams",
+    "ServerInfo",
+    "TensorSpec",
+    "default_backend_factory",
+]

@@ -1,0 +1,188 @@
+"""The data plane's types: calls in, results and snapshots out, all plain dataclasses.
+
+A transport (the gRPC server, or another) converts its messages to these and back and
+needs nothing else from the layers below: the domain records it reads (a tensor's
+signature, an executor's or an engine's counters, sampling parameters, stream chunks) are
+re-exported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tensord.backends.base import TensorSpec
+from tensord.devices import CpuReport, GpuReport
+from tensord.executor.base import ExecutorStats
+from tensord.generate.core.outputs import RequestOutput
+from tensord.generate.core.sampling_params import SamplingParams
+from tensord.generate.engine.engine import EngineStats
+from tensord.processing.host import ProcessingReport
+from tensord.registry.readiness import Readiness
+from tensord.registry.version import ModelState
+
+__all__ = [
+    "BatchingSnapshot",
+    "EngineStats",
+    "ExecutorSnapshot",
+    "ExecutorStats",
+    "GenerateCall",
+    "GeneratorSnapshot",
+    "HealthReport",
+    "ModelHealth",
+    "ModelSnapshot",
+    "ModelState",
+    "PredictCall",
+    "PredictResult",
+    "ProcessingReport",
+    "Readiness",
+    "RequestOutput",
+    "SamplingParams",
+    "ServerInfo",
+    "TensorSpec",
+]
+
+
+@dataclass(slots=True)
+class PredictCall:
+    """A Predict request after decoding."""
+
+    model: str
+    version: int
+    inputs: list[tuple[str, np.ndarray]]
+    output_names: list[str]
+    deadline: float | None
+    """time.monotonic() by which the answer is due, or None."""
+
+
+@dataclass(slots=True)
+class PredictResult:
+    """A Predict answer before encoding."""
+
+    model: str
+    version: int
+    outputs: list[tuple[str, np.ndarray]]
+    queue_s: float
+    compute_s: float
+
+
+@dataclass(slots=True)
+class GenerateCall:
+    """A Generate request after decoding: exactly one of prompt and prompt_token_ids."""
+
+    model: str
+    version: int
+    prompt: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    deadline: float | None
+    arrival: float = 0.0
+    """time.monotonic() when the server received the request (0: when the engine admits
+    it); the stream's time to first token and inter-token times count from here."""
+
+
+@dataclass(slots=True)
+class ModelHealth:
+    """One version's state, and why it is not READY (as this caller may see it)."""
+
+    name: str
+    version: int
+    state: ModelState
+    reason: str
+
+
+@dataclass(slots=True)
+class HealthReport:
+    """Overall serving state and the versions reported."""
+
+    serving: bool
+    models: list[ModelHealth]
+
+
+@dataclass(slots=True)
+class ExecutorSnapshot:
+    """The executor a predict model runs on: its counters, and why it is that one."""
+
+    stats: ExecutorStats
+    reason: str
+
+
+@dataclass(slots=True)
+class BatchingSnapshot:
+    """A predict model's [dynamic_batching] settings and, once loaded, its batcher's
+    counters."""
+
+    preferred_batch_size: list[int]
+    max_queue_delay_microseconds: int
+    max_queue_size: int
+    default_timeout_microseconds: int
+    served: bool = False
+    """The counters below are the batcher's (it exists: the model is loaded)."""
+    batches: int = 0
+    requests: int = 0
+    rows: int = 0
+    expired: int = 0
+    rejected: int = 0
+    queue_depth: int = 0
+    concurrent_batches: int = 0
+
+
+@dataclass(slots=True)
+class GeneratorSnapshot:
+    """A generator's limits and its engine's state."""
+
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_queue_size: int
+    block_bytes: int
+    total_bytes: int
+    """The KV cache's storage."""
+    stream_interval: int
+    eos_token_ids: list[int]
+    batch_layout: str
+    batch_layout_reason: str
+    stats: EngineStats
+
+
+@dataclass(slots=True)
+class ModelSnapshot:
+    """One model version as Info reports it, whatever its kind."""
+
+    name: str
+    version: int
+    state: ModelState
+    reason: str
+    """Why it is not READY, as this caller may see it."""
+    kind: str
+    backend: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    max_batch_size: int
+    load_time_s: float
+    instance_count: int
+    """Runs that may execute at once, as served (not only as model.toml says)."""
+    provider: str = ""
+    provider_reason: str = ""
+    requested_providers: list[str] = field(default_factory=list)
+    executor: str = ""
+    """The executor's kind ("cuda", "cpu"); a generator's steps run on the host: "cpu"."""
+    executor_status: ExecutorSnapshot | None = None
+    generator: GeneratorSnapshot | None = None
+    preprocess: ProcessingReport | None = None
+    postprocess: ProcessingReport | None = None
+    dynamic_batching: BatchingSnapshot | None = None
+
+
+@dataclass(slots=True)
+class ServerInfo:
+    """Everything Info reports."""
+
+    version: str
+    runtime: dict[str, str]
+    cpu: CpuReport
+    gpu: GpuReport
+    available_providers: list[str]
+    tensorrt: str
+    models: list[ModelSnapshot]
