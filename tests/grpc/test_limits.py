@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from tensord.config import ServerSettings
+from tensord.dataplane.admission import GenerateFields, GeneratorEntry, admit
 from tensord.errors import InvalidArgumentError, ResourceExhaustedError
-from tensord.limits import check_prompt_tokens
+from tensord.generate.core.sampling_params import GenerationDefaults
 from tensord.server.context import StreamSlots
 from tensord.server.security import transport_options
 from tensord.v1 import inference_pb2 as pb
@@ -213,18 +214,24 @@ def test_transport_options_from_the_settings() -> None:
     assert defaults["grpc.keepalive_time_ms"] == 60_000
 
 
+def _prompt(count: int, max_prompt_tokens: int, context: int) -> None:
+    """Admit a prompt of `count` token ids to a generator of that context."""
+    entry = GeneratorEntry("llm", context, 32_000, 16, GenerationDefaults(), max_prompt_tokens)
+    admit(GenerateFields(token_ids=count, prompt_token_ids=[1] * count), entry)
+
+
 def test_prompt_token_limit() -> None:
-    check_prompt_tokens("llm", 4096, 4096, 8192)
-    check_prompt_tokens("llm", 10_000, 0)  # no limits
+    _prompt(4096, 4096, 8192)
+    _prompt(10_000, 0, 20_000)  # no server limit
     with pytest.raises(InvalidArgumentError) as info:
-        check_prompt_tokens("llm", 4097, 4096, 8192)
+        _prompt(4097, 4096, 8192)
     assert info.value.message == (
         "the prompt has 4097 tokens, more than the 4096 this server accepts "
         "([limits] max_prompt_tokens); shorten it"
     )
     with pytest.raises(InvalidArgumentError) as info:
-        check_prompt_tokens("llm", 2048, 0, 2048)
+        _prompt(2048, 0, 2048)
     assert info.value.message == (
-        "the prompt has 2048 tokens, leaving no room to generate in model 'llm''s context of "
-        "2048 tokens; shorten it to at most 2047"
+        "the prompt has 2048 tokens; the model's context is 2048 tokens, so a prompt may "
+        "have at most 2047"
     )

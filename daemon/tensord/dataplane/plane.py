@@ -17,6 +17,7 @@ from tensord import __version__
 from tensord.access import check_model, may_see, redact_paths, sees_server_paths
 from tensord.backends.base import DeviceOptions
 from tensord.config import ReadyWhen, TensordConfig
+from tensord.dataplane.admission import GenerateFields, GeneratorEntry, admit
 from tensord.dataplane.snapshots import model_health, model_snapshot
 from tensord.dataplane.types import (
     GenerateCall,
@@ -30,15 +31,14 @@ from tensord.devices import probe_cpu, probe_gpus
 from tensord.errors import (
     DeviceLostError,
     FailedPreconditionError,
-    InvalidArgumentError,
     NotFoundError,
     UnavailableError,
 )
 from tensord.eventloop import running_loop_name
 from tensord.executor.split import run_splitting_on_oom
+from tensord.generate.core.sampling_params import ResolvedSamplingParams
 from tensord.generate.engine.engine import GenerationEngine
 from tensord.generate.model.model_dir import GeneratorDirectory
-from tensord.limits import check_prompt_tokens
 from tensord.observability.metrics import GenerationMetrics
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.changes import RepositoryChanges
@@ -54,18 +54,9 @@ _INLINE_TOKENIZE_CHARS = 2048
 
 
 async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory) -> list[int]:
-    """The prompt as token ids: given, or tokenised (long texts on a worker thread)."""
-    if call.prompt and call.prompt_token_ids:
-        raise InvalidArgumentError("set one of prompt and prompt_token_ids, not both")
-    if not call.prompt and not call.prompt_token_ids:
-        raise InvalidArgumentError("the prompt is empty: set prompt (text) or prompt_token_ids")
-    if call.prompt_token_ids:
-        vocab = directory.spec.vocab_size
-        bad = [t for t in call.prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidArgumentError(
-                f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})"
-            )
+    """The prompt as token ids: given, or the text tokenised (long texts on a worker
+    thread); admission checks what it holds."""
+    if call.prompt_token_ids or not call.prompt:
         return call.prompt_token_ids
     if len(call.prompt) > _INLINE_TOKENIZE_CHARS:
         return await asyncio.to_thread(directory.encode_prompt, call.prompt)
@@ -159,12 +150,19 @@ class DataPlane:
         # reload frees a swapped-out version only once the calls holding it have ended.
         with entry.inflight:
             ids = await _prompt_ids(call, engine.directory)
-            check_prompt_tokens(entry.name, len(ids), self.max_prompt_tokens)
+            fields = GenerateFields(
+                token_ids=len(call.prompt_token_ids),
+                prompt_token_ids=ids,
+                text=bool(call.prompt),
+                sampling=call.sampling,
+            )
+            params = self._admit(fields, entry.name, engine)
+            assert params is not None  # a parsed request resolves its sampling parameters
             metrics = self.generation_metrics
             recorder = metrics.stream(entry.name, len(ids)) if metrics else None
             arrival = call.arrival or None
             try:
-                async for chunk in engine.generate(ids, call.sampling, call.deadline, arrival):
+                async for chunk in engine.generate(ids, params, call.deadline, arrival):
                     if recorder is not None:
                         recorder.tokens(len(chunk.token_ids))
                     yield chunk
@@ -204,28 +202,22 @@ class DataPlane:
         tokens), so it is never tokenised or converted."""
         self._check_serving()
         entry, engine = self._generator(model, version)
-        context = engine.limits.max_model_len
-        limit = min(context - 1, self.max_prompt_tokens or context)
-        setting = (
-            "[limits] max_prompt_tokens"
-            if self.max_prompt_tokens and self.max_prompt_tokens < context
-            else f"the model's context of {context} tokens"
+        self._admit(GenerateFields(prompt_bytes, token_ids, exact), entry.name, engine)
+
+    def _admit(
+        self, fields: GenerateFields, name: str, engine: GenerationEngine
+    ) -> ResolvedSamplingParams | None:
+        """The one admission step (admission.py), against the generator's table entry."""
+        spec = engine.directory.spec
+        entry = GeneratorEntry(
+            name=name,
+            max_model_len=engine.limits.max_model_len,
+            vocab_size=spec.vocab_size,
+            max_token_bytes=engine.directory.max_token_bytes,
+            defaults=engine.defaults,
+            max_prompt_tokens=self.max_prompt_tokens,
         )
-        if token_ids and exact:
-            check_prompt_tokens(entry.name, token_ids, self.max_prompt_tokens, context)
-        elif token_ids > limit:
-            raise InvalidArgumentError(
-                f"prompt_token_ids holds at least {token_ids} tokens: more than the {limit} a "
-                f"prompt may have ({setting}); shorten it"
-            )
-        widest = engine.directory.max_token_bytes
-        fewest = -(-prompt_bytes // widest)  # the fewest tokens a text that long can be
-        if fewest > limit:
-            raise InvalidArgumentError(
-                f"the prompt takes {prompt_bytes} bytes, so it has at least {fewest} tokens "
-                f"(no token of model {entry.name!r} stands for more than {widest} bytes): more "
-                f"than the {limit} a prompt may have ({setting}); shorten it"
-            )
+        return admit(fields, entry)
 
     def readiness(self) -> Readiness:
         """Whether health says SERVING: calls are taken and the readiness policy

@@ -31,7 +31,11 @@ from tensord.errors import InternalError, TensordError, UnavailableError
 from tensord.generate.core.kv_cache_manager import KVCacheManager, KVCacheStats
 from tensord.generate.core.outputs import EngineCoreOutput, RequestOutput, TokenLogprob
 from tensord.generate.core.request import Request, RequestStatus
-from tensord.generate.core.sampling_params import GenerationDefaults, SamplingParams
+from tensord.generate.core.sampling_params import (
+    GenerationDefaults,
+    ResolvedSamplingParams,
+    SamplingParams,
+)
 from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
 from tensord.generate.core.scheduler_output import SchedulerOutput
 from tensord.generate.engine.handoff import OutputHandoff
@@ -140,19 +144,23 @@ class GenerationEngine:
     def add_request(
         self,
         prompt_token_ids: Sequence[int],
-        params: SamplingParams,
+        params: SamplingParams | ResolvedSamplingParams,
         deadline: float | None = None,
         arrival_time: float | None = None,
     ) -> tuple[str, RequestOutputCollector]:
         """Admit a request (raises InvalidArgument / ResourceExhausted / Unavailable at
-        once); returns its id and the slot its chunks arrive in. `arrival_time`
+        once); returns its id and the slot its chunks arrive in. Parameters the data
+        plane's admission resolved are taken as they are. `arrival_time`
         (time.monotonic()) is when the server received it: its token timings start there."""
-        spec = self.directory.spec
-        resolved = params.resolve(
-            self.defaults,
-            prompt_len=len(prompt_token_ids),
-            max_model_len=self.limits.max_model_len,
-            vocab_size=spec.vocab_size,
+        resolved = (
+            params
+            if isinstance(params, ResolvedSamplingParams)
+            else params.resolve(
+                self.defaults,
+                prompt_len=len(prompt_token_ids),
+                max_model_len=self.limits.max_model_len,
+                vocab_size=self.directory.spec.vocab_size,
+            )
         )
         self.handoff.loop = asyncio.get_running_loop()
         request_id = f"{self.name}-{next(self._ids)}"
@@ -169,7 +177,7 @@ class GenerationEngine:
     async def generate(
         self,
         prompt_token_ids: Sequence[int],
-        params: SamplingParams,
+        params: SamplingParams | ResolvedSamplingParams,
         deadline: float | None = None,
         arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
