@@ -5,8 +5,10 @@ For `TENSORD_FUZZ_SECONDS` (30 by default: `make test`; `make bench` runs longer
 between mutated messages and raw frames. A mutated message may be refused with any status
 of the error table, never INTERNAL or UNKNOWN (that would be the request's content
 breaking the daemon). Raw frames may be answered by gRPC's own protocol errors or a closed
-connection. Throughout, Health answers within 100 ms; afterwards the daemon serves Predict
-and Generate as before and holds no KV block. A failure names the seed and the case.
+connection. Throughout, Health answers within 250 ms (a stall is seconds; on a shared
+2-core host scheduling alone has delayed single calls by up to ~200 ms); afterwards the
+daemon serves Predict and Generate as before and holds no KV block. A failure names the
+seed and the case.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ pytestmark = pytest.mark.e2e
 SECONDS = float(os.environ.get("TENSORD_FUZZ_SECONDS", "30"))
 SEED = int(os.environ.get("TENSORD_FUZZ_SEED", "20261125"))
 PROBE = Path(__file__).resolve().parents[1] / "health_probe.py"
-HEALTH_WITHIN_MS = 100.0
+HEALTH_WITHIN_MS = 250.0
 Code = grpc.StatusCode
 ALLOWED = CALLER_MISTAKES | {Code.DEADLINE_EXCEEDED, Code.OUT_OF_RANGE}
 """What a mutated message may get: the error table's answers to a caller's mistakes."""

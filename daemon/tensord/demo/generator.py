@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from tokenizers import Tokenizer
 
 from tensord.demo.decoder_graph import DecoderShape, build_decoder_graph, init_weights
 from tensord.demo.tokenizer import (
@@ -109,16 +110,22 @@ def save_onnx(model: onnx.ModelProto, path: Path, *, external_data: bool) -> Non
         onnx.save(model, str(path))
 
 
+_SPECIAL = {"pad": PAD_TOKEN, "bos": BOS_TOKEN, "eos": EOS_TOKEN}
+
+
+def _token_id(tokenizer: Tokenizer, token: str) -> int:
+    found = tokenizer.token_to_id(token)
+    if found is None:
+        raise ValueError(f"the demo tokenizer has no {token!r} token")
+    return found
+
+
 def build_demo_generator(directory: Path, options: DemoGeneratorOptions | None = None) -> Path:
     """Write the generator directory (see the module doc) and return it."""
     options = options or DemoGeneratorOptions()
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(options.shape.vocab_size, options.seed)
-    ids = {
-        "pad": tokenizer.token_to_id(PAD_TOKEN),
-        "bos": tokenizer.token_to_id(BOS_TOKEN),
-        "eos": tokenizer.token_to_id(EOS_TOKEN),
-    }
+    ids = {key: _token_id(tokenizer, token) for key, token in _SPECIAL.items()}
     shape = _shape(options, tokenizer.get_vocab_size())
     model = build_decoder_graph(shape, init_weights(shape, options.seed))
     save_onnx(model, directory / "model.onnx", external_data=options.external_data)
