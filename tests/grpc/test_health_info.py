@@ -90,6 +90,14 @@ def test_info(client: Client) -> None:
     assert mlp.load_time_ms > 0
     broken = next(m for m in reply.models if m.name == "broken")
     assert broken.state == "FAILED" and broken.reason
+    endpoints = dict(reply.endpoints)
+    assert {
+        "tensord.v1.InferenceService", "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= set(endpoints)  # fmt: skip
+    address = endpoints["tensord.v1.InferenceService"]
+    assert address.startswith("127.0.0.1:") and int(address.rsplit(":", 1)[1]) > 0
+    assert set(endpoints.values()) == {address}
 
 
 def test_info_reports_executor_and_batching(client: Client) -> None:

@@ -301,6 +301,8 @@ class Info:
     cuda_driver_version: str
     cuda_runtime_version: str
     tensorrt: str
+    endpoints: list[tuple[str, str]]
+    """(protocol, address) of each protocol the server speaks."""
     proto: pb.InfoResponse = field(repr=False, compare=False)
 
     @classmethod
@@ -316,5 +318,6 @@ class Info:
             cuda_driver_version=r.cuda_driver_version,
             cuda_runtime_version=r.cuda_runtime_version,
             tensorrt=r.tensorrt,
+            endpoints=[(e.protocol, e.address) for e in r.endpoints],
             proto=r,
         )

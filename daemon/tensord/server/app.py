@@ -111,6 +111,7 @@ class TensordServer:
         )
         self._calls = servicer.calls
         self._intake = servicer.intake
+        self._servicer = servicer
         add_servicer(servicer, self._server)
         add_health_servicer(self.health, self._server, servicer.intake)
         self.reflection = ReflectionServicer(
@@ -136,6 +137,8 @@ class TensordServer:
                 self.watchdog.close()  # its socket's directory
             raise
         await self._server.start()
+        address = f"{listen.rsplit(':', 1)[0]}:{self.port}"
+        self._servicer.endpoints = [(name, address) for name in self.reflection.service_names]
         log.info(
             "server.listening",
             listen=listen,

@@ -25,6 +25,8 @@ class ReflectionServicer(reflection.aio.ReflectionServicer):
 
     def __init__(self, service_names: tuple[str, ...]) -> None:
         super().__init__(service_names)
+        self.service_names = service_names
+        """Every gRPC service the server offers (Info lists them as its endpoints)."""
         self._closing = asyncio.Event()
 
     async def ServerReflectionInfo(

@@ -54,6 +54,9 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         before they are encoded."""
         self.stream_slots = stream_slots
         """[limits] max_generate_streams; None when there is no limit."""
+        self.endpoints: list[tuple[str, str]] = []
+        """(protocol, address) of each protocol the server speaks, for Info; set once
+        the server listens."""
 
     def check_model(self, rpc: str, model: str) -> None:
         """As soon as a request's model name is read: the caller may use it."""
@@ -142,7 +145,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     @unary_rpc(pb.InfoRequest)
     async def Info(self, request: pb.InfoRequest, context: Ctx, rid: str) -> pb.InfoResponse:
-        return converters.info_response(self._dataplane.info())
+        response = converters.info_response(self._dataplane.info())
+        response.endpoints.extend(
+            pb.Endpoint(protocol=protocol, address=address) for protocol, address in self.endpoints
+        )
+        return response
 
 
 def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:

@@ -255,7 +255,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("server_version", "runtime", "cpu", "gpus", "gpu_unavailable_reason", "available_providers", "models", "cuda_driver_version", "cuda_runtime_version", "tensorrt")
+    __slots__ = ("server_version", "runtime", "cpu", "gpus", "gpu_unavailable_reason", "available_providers", "models", "cuda_driver_version", "cuda_runtime_version", "tensorrt", "endpoints")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     CPU_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +266,7 @@ class InfoResponse(_message.Message):
     CUDA_DRIVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CUDA_RUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORRT_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     runtime: RuntimeVersions
     cpu: CpuInfo
@@ -276,7 +277,16 @@ class InfoResponse(_message.Message):
     cuda_driver_version: str
     cuda_runtime_version: str
     tensorrt: str
-    def __init__(self, server_version: _Optional[str] = ..., runtime: _Optional[_Union[RuntimeVersions, _Mapping]] = ..., cpu: _Optional[_Union[CpuInfo, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpu_unavailable_reason: _Optional[str] = ..., available_providers: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., cuda_driver_version: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., tensorrt: _Optional[str] = ...) -> None: ...
+    endpoints: _containers.RepeatedCompositeFieldContainer[Endpoint]
+    def __init__(self, server_version: _Optional[str] = ..., runtime: _Optional[_Union[RuntimeVersions, _Mapping]] = ..., cpu: _Optional[_Union[CpuInfo, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., gpu_unavailable_reason: _Optional[str] = ..., available_providers: _Optional[_Iterable[str]] = ..., models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ..., cuda_driver_version: _Optional[str] = ..., cuda_runtime_version: _Optional[str] = ..., tensorrt: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[Endpoint, _Mapping]]] = ...) -> None: ...
+
+class Endpoint(_message.Message):
+    __slots__ = ("protocol", "address")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    protocol: str
+    address: str
+    def __init__(self, protocol: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class RuntimeVersions(_message.Message):
     __slots__ = ("python", "onnxruntime", "grpcio", "protobuf", "numpy", "event_loop")
