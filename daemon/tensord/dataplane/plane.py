@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import platform
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from tensord.access import check_model, may_see, redact_paths, sees_server_paths
 from tensord.backends.base import DeviceOptions
 from tensord.config import ReadyWhen, TensordConfig
 from tensord.dataplane.admission import GenerateFields, GeneratorEntry, admit
+from tensord.dataplane.chat import render_chat
 from tensord.dataplane.snapshots import model_health, model_snapshot
 from tensord.dataplane.types import (
     GenerateCall,
@@ -31,6 +33,7 @@ from tensord.devices import probe_cpu, probe_gpus
 from tensord.errors import (
     DeviceLostError,
     FailedPreconditionError,
+    InvalidArgumentError,
     NotFoundError,
     UnavailableError,
 )
@@ -142,7 +145,7 @@ class DataPlane:
             result.compute_s,
         )
 
-    async def generate(self, call: GenerateCall) -> AsyncIterator[RequestOutput]:
+    async def generate(self, call: GenerateCall) -> AsyncGenerator[RequestOutput, None]:
         """Check the request, admit it to the model's engine and stream its chunks."""
         self._check_serving()
         entry, engine = self._generator(call.model, call.version)
@@ -169,6 +172,30 @@ class DataPlane:
             except DeviceLostError as exc:
                 self.on_device_lost(exc)
                 raise
+
+    async def chat_prompt(
+        self, model: str, version: int, messages: list[dict[str, Any]]
+    ) -> list[int]:
+        """A conversation as prompt token ids, rendered with the model's chat template
+        (with the generation prompt) and tokenised as transformers' apply_chat_template
+        does: INVALID_ARGUMENT for a model without a template, and the errors of Generate
+        for a model the caller may not use or that does not serve."""
+        self._check_serving()
+        entry, engine = self._generator(model, version)
+        directory = engine.directory
+        template = directory.spec.chat_template
+        if template is None:
+            raise InvalidArgumentError(
+                f"model {entry.name!r} has no chat template (tokenizer_config.json sets no "
+                "chat_template): use the completions API with a prompt"
+            )
+        text = render_chat(template, messages, add_generation_prompt=True)
+        tokenizer = directory.tokenizer
+        if len(text) > _INLINE_TOKENIZE_CHARS:
+            encoded = await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
+        else:
+            encoded = tokenizer.encode(text, add_special_tokens=False)
+        return list(encoded.ids)
 
     def _generator(self, model: str, version: int) -> tuple[GeneratorVersion, GenerationEngine]:
         """The version a Generate call names and its engine: PERMISSION_DENIED, NOT_FOUND,
@@ -237,6 +264,18 @@ class DataPlane:
         else:
             versions = [mv for mv in self.registry.versions() if may_see(mv.name)]
         return HealthReport(serving, [model_health(mv, redact) for mv in versions])
+
+    def generator_models(self) -> list[str]:
+        """The generator models the current caller may use that have a READY version, by
+        name (the OpenAI API's model list)."""
+        names = {
+            mv.name
+            for mv in self.registry.versions()
+            if isinstance(mv, GeneratorVersion)
+            and mv.state is ModelState.READY
+            and may_see(mv.name)
+        }
+        return sorted(names)
 
     def models_serving(self) -> list[tuple[str, bool]]:
         """Each model's name and whether it serves: calls are taken and one of its

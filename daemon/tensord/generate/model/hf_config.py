@@ -232,3 +232,50 @@ def token_ids(
     if pad is None:
         pad = _lookup(tokenizer_config, "pad_token", tokenizer)
     return TokenIds(eos=tuple(eos), bos=bos, add_bos=add_bos, pad=pad)
+
+
+_SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+"""The special tokens transformers passes to a chat template by name (its
+special_tokens_map), when tokenizer_config.json sets them."""
+
+
+@dataclass(slots=True, frozen=True)
+class ChatTemplate:
+    """tokenizer_config.json's chat template and the special tokens rendered with it."""
+
+    source: str
+    """The Jinja template's text."""
+    special_tokens: tuple[tuple[str, str | tuple[str, ...]], ...] = ()
+    """(name, text) pairs: bos_token, eos_token, ... and additional_special_tokens."""
+
+
+def read_chat_template(tokenizer_config: JsonFile) -> ChatTemplate | None:
+    """The model's chat template as transformers picks it (a string, or the template named
+    "default" of a list of named ones); None when tokenizer_config.json has none it can
+    use (the model then serves no chat; its other calls are unaffected)."""
+    value = tokenizer_config.data.get("chat_template")
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+    if not isinstance(value, str):
+        return None
+    tokens: list[tuple[str, str | tuple[str, ...]]] = []
+    for name in _SPECIAL_TOKENS:
+        text = tokenizer_config.data.get(name)
+        if isinstance(text, dict):
+            text = text.get("content")
+        if isinstance(text, str):
+            tokens.append((name, text))
+    extra = tokenizer_config.data.get("additional_special_tokens")
+    if isinstance(extra, list):
+        texts = [t.get("content") if isinstance(t, dict) else t for t in extra]
+        tokens.append(("additional_special_tokens", tuple(str(t) for t in texts)))
+    return ChatTemplate(value, tuple(tokens))

@@ -5,7 +5,8 @@
   tokenizer.json           for the Hugging Face `tokenizers` library
   config.json              layers, heads, vocabulary, context length, token ids
   generation_config.json   optional: eos/bos/pad ids and default sampling values
-  tokenizer_config.json    optional: add_bos_token, bos_token, eos_token, pad_token
+  tokenizer_config.json    optional: add_bos_token, bos_token, eos_token, pad_token,
+                           chat_template
 
 `load_generator_dir` reads all of it into a frozen `GeneratorSpec` plus the tokenizer. Every
 problem is a ModelLoadError that names the file and the field. The ONNX graph is read
@@ -32,8 +33,10 @@ from tensord.generate.model.graph_io import (
     read_decoder_graph,
 )
 from tensord.generate.model.hf_config import (
+    ChatTemplate,
     GenerationDefaults,
     JsonFile,
+    read_chat_template,
     read_generation_defaults,
     token_ids,
 )
@@ -114,6 +117,8 @@ class GeneratorSpec:
     notes: tuple[str, ...] = ()
     """What the load settled that the log should say (config.json and the graph disagreed
     and the graph won; a default stood in for a missing value)."""
+    chat_template: ChatTemplate | None = None
+    """tokenizer_config.json's chat template; None when it has none (no chat API)."""
 
     @property
     def has_position_ids(self) -> bool:
@@ -319,6 +324,7 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
         pad_token_id=ids.pad,
         defaults=read_generation_defaults(generation),
         notes=tuple(notes),
+        chat_template=read_chat_template(tokenizer_config),
         **shape,
     )
     return GeneratorDirectory(spec, tokenizer, _max_token_bytes(tokenizer))
