@@ -40,6 +40,7 @@ from tensord.config_tables import (
     AuthSettings,
     LimitsSettings,
     MetricsSettings,
+    OpenAISettings,
     Settings,
     TLSSettings,
     TracingSettings,
@@ -162,6 +163,8 @@ class TensordConfig(BaseSettings, Settings):
     """The Prometheus endpoint."""
     tracing: TracingSettings = TracingSettings()
     """OpenTelemetry tracing."""
+    openai: OpenAISettings = OpenAISettings()
+    """The OpenAI-compatible HTTP API (off by default)."""
 
     @field_validator("model_repository", "cache_directory", mode="before")
     @classmethod

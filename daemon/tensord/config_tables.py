@@ -1,4 +1,5 @@
-"""The `[tls]`, `[auth]`, `[limits]`, `[metrics]` and `[tracing]` tables of the configuration.
+"""The `[tls]`, `[auth]`, `[limits]`, `[metrics]`, `[tracing]` and `[openai]` tables of the
+configuration.
 
 They live beside `tensord.config` (which nests them in TensordConfig) and import nothing
 but pydantic, so every layer may read them.
@@ -227,3 +228,25 @@ class TracingSettings(Settings):
     default or the OTEL_EXPORTER_OTLP_* variables."""
     sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
     """Share of traces sampled at the root; a caller's sampled `traceparent` is followed."""
+
+
+class OpenAISettings(Settings):
+    """The `[openai]` table: the OpenAI-compatible HTTP API for generator models."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = ""
+    """HOST:PORT of the HTTP endpoint that serves `/v1/models`, `/v1/completions` and
+    `/v1/chat/completions` (the `openai-api` extra: Starlette and uvicorn); empty (the
+    default): not served. Port 0 picks a free port. The same tokens, permissions and
+    limits apply as on the gRPC port; it serves plain HTTP (put a TLS proxy in front)."""
+
+    @field_validator("listen")
+    @classmethod
+    def _check(cls, value: str) -> str:
+        return check_host_port(value) if value else value
+
+    @property
+    def enabled(self) -> bool:
+        """True when the HTTP API is served."""
+        return bool(self.listen)

@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -37,6 +37,9 @@ from tensord.server.security import Security, transport_options
 from tensord.server.servicer import InferenceServicer, add_servicer
 from tensord.server.watchdog import Watchdog
 from tensord.v1 import inference_pb2 as pb
+
+if TYPE_CHECKING:
+    from tensord.server.openai_http.server import OpenAIServer
 
 log = structlog.get_logger("tensord.server")
 
@@ -118,6 +121,30 @@ class TensordServer:
             (SERVICE_NAME, health.SERVICE_NAME, REFLECTION_SERVICE_NAME)
         )
         add_reflection_servicer(self.reflection, self._server)
+        self.openai: OpenAIServer | None = (
+            self._openai_server(servicer) if config.openai.enabled else None
+        )
+        """The OpenAI-compatible HTTP API ([openai] listen); None when it is off."""
+
+    def _openai_server(self, servicer: InferenceServicer) -> OpenAIServer:
+        """The HTTP API over the same data plane, tokens, limits and metrics as gRPC."""
+        try:
+            from tensord.server.openai_http.routes import OpenAIRoutes
+            from tensord.server.openai_http.server import OpenAIServer
+        except ImportError as exc:
+            raise RuntimeError(
+                f"[openai] listen is set, but the OpenAI API needs the openai-api extra "
+                f"(pip install 'tensord[openai-api]'): {exc}"
+            ) from None
+        routes = OpenAIRoutes(
+            self.dataplane,
+            self.security.authenticator,
+            self.observability.observer,
+            servicer.intake,
+            self.security.stream_limit,
+            self.config.server.max_receive_message_bytes,
+        )
+        return OpenAIServer(routes, self.config.openai.listen)
 
     async def start(self) -> int:
         """Listen (health NOT_SERVING), load every model, then report health by the
@@ -132,6 +159,8 @@ class TensordServer:
                     self._server.add_insecure_port(self.watchdog.address)
             except RuntimeError as exc:
                 raise OSError(f"cannot listen on {listen}: {exc}") from None
+            if self.openai is not None:
+                await self.openai.start()
         except BaseException:
             if self.watchdog is not None:
                 self.watchdog.close()  # its socket's directory
@@ -294,6 +323,10 @@ class TensordServer:
             grace - min(1.0, grace / 2), lambda: self._spawn(self.dataplane.end_generations())
         )
         self.health.close_watches()  # watchers heard NOT_SERVING; they must not hold the drain
+        # The HTTP API stops listening now; its requests in progress get what is left.
+        openai_stopped = asyncio.ensure_future(
+            self.openai.stop(max(0.0, ends - loop.time())) if self.openai else asyncio.sleep(0)
+        )
 
         # Handlers finish while gRPC still runs: stop() closes every connection once the
         # calls are complete, and a reply returned just before (megabytes still being
@@ -306,6 +339,7 @@ class TensordServer:
             await asyncio.sleep(min(linger, left()))
         self._intake.stop()  # health calls still waiting for their message end too
         await self._server.stop(left())
+        await openai_stopped
         end_streams.cancel()
         # gRPC has stopped (every call answered, or cancelled as the grace ran out): a run
         # still going has nobody waiting and would hold the process until it returns.

@@ -111,7 +111,17 @@ def request_id(context: Ctx) -> str:
             if 0 < len(value) <= _MAX_ID_LENGTH and value.isprintable():
                 return value
             break
+    return new_request_id()
+
+
+def new_request_id() -> str:
+    """A fresh request id: the process's random prefix and a counter, 32 hex digits."""
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+
+
+def sane_request_id(value: str | None) -> bool:
+    """Whether a caller's request id is kept: printable, 1 to 128 characters."""
+    return value is not None and 0 < len(value) <= _MAX_ID_LENGTH and value.isprintable()
 
 
 def _observe(

@@ -52,6 +52,7 @@ RESTART_ONLY_KEYS = (
     "cache_directory",
     "limits.max_generate_streams",
     "metrics.listen",
+    "openai.listen",
     "tracing.enabled",
     "tracing.service_name",
     "tracing.otlp_endpoint",

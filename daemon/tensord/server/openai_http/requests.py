@@ -1,0 +1,214 @@
+"""OpenAI request bodies to the data plane's terms: checked field by field, each problem an
+INVALID_ARGUMENT that names the field (`param`), and nothing the server cannot do ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensord.dataplane import SamplingParams
+from tensord.errors import InvalidArgumentError
+
+_IGNORED = frozenset({"user", "metadata", "store", "service_tier"})
+"""Fields that ask nothing of the generation (a caller's label): accepted and unused."""
+_COMMON = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "n",
+        "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        # Extensions, named as vLLM names them.
+        "top_k",
+        "repetition_penalty",
+        "ignore_eos",
+    }
+)
+_COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
+_CHAT_FIELDS = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+}
+_UNSUPPORTED = {
+    "tools": "tool calls are not supported",
+    "tool_choice": "tool calls are not supported",
+    "functions": "function calls are not supported",
+    "function_call": "function calls are not supported",
+    "response_format": "structured output (response_format) is not supported",
+    "suffix": "suffix (insertion) is not supported",
+    "logit_bias": "logit_bias is not supported",
+}
+
+
+class RequestError(InvalidArgumentError):
+    """A bad request field; `param` names it, as OpenAI's errors do."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """What a completions or chat request asks of the data plane."""
+
+    model: str
+    sampling: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    prompt: str = ""
+    prompt_token_ids: list[int] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        raise RequestError(f"{name} must be {what}, got {value!r:.80}", name)
+    return value
+
+
+def _refuse_unsupported(body: dict[str, Any], known: frozenset[str]) -> None:
+    unknown = sorted(k for k in body if k not in known and k not in _IGNORED)
+    if unknown:
+        raise RequestError(
+            f"unknown field {unknown[0]!r}: this server does not take it", unknown[0]
+        )
+    for name, why in _UNSUPPORTED.items():
+        if body.get(name) not in (None, [], {}):
+            raise RequestError(f"{name}: {why} by this server", name)
+    n = _typed(body, "n", (int,), "an integer")
+    if n not in (None, 1):
+        raise RequestError(f"n is {n}: this server returns one choice per request (n = 1)", "n")
+    best_of = _typed(body, "best_of", (int,), "an integer")
+    if best_of not in (None, 1):
+        raise RequestError(f"best_of is {best_of}: only 1 is supported", "best_of")
+    if body.get("echo"):
+        raise RequestError("echo is not supported by this server", "echo")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _typed(body, name, (int, float), "a number") not in (None, 0):
+            raise RequestError(
+                f"{name} is not supported (use repetition_penalty, as in vLLM)", name
+            )
+    if body.get("logprobs") or body.get("top_logprobs"):
+        param = "logprobs" if body.get("logprobs") else "top_logprobs"
+        raise RequestError("log probabilities are not supported by this API yet", param)
+
+
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise RequestError("stop must be a string or a list of strings", "stop")
+
+
+def _sampling(body: dict[str, Any], max_tokens_field: str = "max_tokens") -> SamplingParams:
+    max_tokens = _typed(body, max_tokens_field, (int,), "an integer")
+    if max_tokens is None and max_tokens_field != "max_tokens":
+        max_tokens = _typed(body, "max_tokens", (int,), "an integer")
+    seed = _typed(body, "seed", (int,), "an integer")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_typed(body, "temperature", (int, float), "a number"),
+        top_p=_typed(body, "top_p", (int, float), "a number"),
+        top_k=_typed(body, "top_k", (int,), "an integer"),
+        repetition_penalty=_typed(body, "repetition_penalty", (int, float), "a number"),
+        seed=seed,
+        stop=_stop(body),
+        ignore_eos=bool(_typed(body, "ignore_eos", (bool,), "a boolean")),
+    )
+
+
+def _common(body: Any, known: frozenset[str], max_tokens_field: str) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    _refuse_unsupported(body, known)
+    model = _typed(body, "model", (str,), "a string")
+    if not model:
+        raise RequestError("model is required: the name of a generator model", "model")
+    stream = bool(_typed(body, "stream", (bool,), "a boolean"))
+    options = _typed(body, "stream_options", (dict,), "an object") or {}
+    if options and not stream:
+        raise RequestError("stream_options is only allowed with stream: true", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise RequestError("stream_options.include_usage must be a boolean", "stream_options")
+    request = GenerationRequest(model, _sampling(body, max_tokens_field), stream, include_usage)
+    return request
+
+
+def completion_request(body: Any) -> GenerationRequest:
+    """A /v1/completions body: one prompt, as text or token ids."""
+    request = _common(body, _COMPLETION_FIELDS, "max_tokens")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        request.prompt = prompt
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        request.prompt_token_ids = list(prompt)
+    elif isinstance(prompt, list) and prompt:
+        raise RequestError(
+            "prompt holds several prompts: this server takes one prompt per request", "prompt"
+        )
+    else:
+        raise RequestError("prompt must be a non-empty string or list of token ids", "prompt")
+    return request
+
+
+def chat_request(body: Any) -> GenerationRequest:
+    """A /v1/chat/completions body: the messages, their content as text."""
+    request = _common(body, _CHAT_FIELDS, "max_completion_tokens")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", "messages")
+    request.messages = [_message(m, i) for i, m in enumerate(messages)]
+    return request
+
+
+def _message(message: Any, index: int) -> dict[str, Any]:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise RequestError(f"{param} must be an object with a role", param)
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: text only
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise RequestError(f"{param}.content: only text parts are supported", param)
+            texts.append(str(part.get("text", "")))
+        content = "\n".join(texts)
+    if content is not None and not isinstance(content, str):
+        raise RequestError(f"{param}.content must be a string or a list of text parts", param)
+    if message.get("tool_calls"):
+        raise RequestError(f"{param}.tool_calls: tool calls are not supported", param)
+    rendered: dict[str, Any] = {"role": message["role"], "content": content or ""}
+    if isinstance(message.get("name"), str):
+        rendered["name"] = message["name"]
+    return rendered

@@ -1,0 +1,249 @@
+"""The HTTP endpoints: each request authenticated with the gRPC port's bearer tokens and
+rate limits, bounded like a gRPC request, served by the data plane, and recorded in the
+same metrics and logs (the one mapping of errors to statuses, server/context.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tensord.access import current_principal
+from tensord.dataplane import DataPlane, GenerateCall, RequestOutput
+from tensord.errors import RateLimitedError, ResourceExhaustedError
+from tensord.observability import RequestObserver
+from tensord.server.auth import AUTHORIZATION, Authenticator
+from tensord.server.context import (
+    REQUEST_ID,
+    StreamSlots,
+    failure_status,
+    new_request_id,
+    sane_request_id,
+)
+from tensord.server.intake import Intake
+from tensord.server.openai_http.requests import (
+    GenerationRequest,
+    RequestError,
+    chat_request,
+    completion_request,
+)
+from tensord.server.openai_http.responses import HTTP_STATUS, Shapes, error_body, usage
+from tensord.server.openai_http.stream import EventStream, events
+
+log = structlog.get_logger("tensord.request")
+
+Handler = Callable[[Request, "Call"], Awaitable[Response]]
+
+
+class BodyTooLarge(ResourceExhaustedError):
+    """A request body over [server] max_receive_message_bytes (HTTP 413)."""
+
+
+class Call:
+    """One HTTP request's bookkeeping: its id, the model once known, when it started."""
+
+    def __init__(self, request: Request, rpc: str) -> None:
+        given = request.headers.get(REQUEST_ID)
+        self.id: str = given if given is not None and sane_request_id(given) else new_request_id()
+        self.rpc = rpc
+        self.model = ""
+        self.start = time.perf_counter()
+
+
+class OpenAIRoutes:
+    """The API's routes over one data plane, with the gRPC port's admission."""
+
+    def __init__(
+        self,
+        dataplane: DataPlane,
+        authenticator: Authenticator | None,
+        observer: RequestObserver | None,
+        intake: Intake,
+        stream_slots: StreamSlots | None,
+        max_body_bytes: int,
+    ) -> None:
+        self.dataplane = dataplane
+        self.authenticator = authenticator
+        self.observer = observer
+        self.intake = intake
+        self.stream_slots = stream_slots
+        self.max_body_bytes = max_body_bytes
+
+    def app(self) -> Starlette:
+        """The ASGI application."""
+        return Starlette(
+            routes=[
+                Route("/v1/models", self._wrap("openai.models", self._models), methods=["GET"]),
+                Route(
+                    "/v1/completions",
+                    self._wrap("openai.completions", self._completions),
+                    methods=["POST"],
+                ),
+                Route(
+                    "/v1/chat/completions",
+                    self._wrap("openai.chat_completions", self._chat),
+                    methods=["POST"],
+                ),
+            ]
+        )
+
+    def _wrap(self, rpc: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            call = Call(request, rpc)
+            try:
+                self._authenticate(request)
+                response = await handler(request, call)
+            except Exception as exc:
+                response = self.failed(call, exc)
+            else:
+                if not isinstance(response, EventStream):  # a stream records its own end
+                    self.finished(call, grpc.StatusCode.OK)
+            response.headers[REQUEST_ID] = call.id
+            return response
+
+        return endpoint
+
+    def _authenticate(self, request: Request) -> None:
+        """As the gRPC interceptor: the caller named by its bearer token, after one request
+        of its rate (authentication off: every model is allowed)."""
+        if self.authenticator is None:
+            return
+        header = request.headers.get(AUTHORIZATION)
+        metadata = [] if header is None else [(AUTHORIZATION, header)]
+        current_principal.set(self.authenticator.admit(metadata))
+
+    def finished(self, call: Call, code: grpc.StatusCode, message: str = "") -> None:
+        """Metrics and the span of a call that ended with `code`."""
+        if self.observer is not None:
+            elapsed = time.perf_counter() - call.start
+            self.observer.finished(call.rpc, call.model, code, elapsed, call.id, None, message)
+
+    def failed(self, call: Call, exc: BaseException) -> Response:
+        """The error's log line, metrics, and OpenAI-shaped body."""
+        total_ms = round((time.perf_counter() - call.start) * 1e3, 3)
+        code, message, _ = failure_status(exc, call.id, call.rpc, total_ms)
+        self.finished(call, code, message)
+        status = 413 if isinstance(exc, BodyTooLarge) else HTTP_STATUS.get(code, 500)
+        param = exc.param if isinstance(exc, RequestError) else None
+        headers = {}
+        if isinstance(exc, RateLimitedError):
+            headers["retry-after"] = str(max(1, round(exc.retry_after_s + 0.5)))
+        return JSONResponse(error_body(code, message, param, status), status, headers)
+
+    async def _body(self, request: Request) -> tuple[Any, int]:
+        """The JSON body and its size, read up to [server] max_receive_message_bytes."""
+        limit = self.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(
+                f"the request body takes {declared} bytes, more than the {limit} a request "
+                "may have ([server] max_receive_message_bytes)"
+            )
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise BodyTooLarge(
+                    f"the request body takes more than the {limit} bytes a request may have "
+                    "([server] max_receive_message_bytes)"
+                )
+            parts.append(part)
+        try:
+            return json.loads(b"".join(parts)), size
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise RequestError(f"the request body is not valid JSON: {exc}") from None
+
+    async def _models(self, request: Request, call: Call) -> Response:
+        models = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "tensord"}
+            for name in self.dataplane.generator_models()
+        ]
+        return JSONResponse({"object": "list", "data": models})
+
+    async def _completions(self, request: Request, call: Call) -> Response:
+        arrival = time.monotonic()
+        body, size = await self._body(request)
+        return await self._generate(completion_request(body), call, size, arrival, chat=False)
+
+    async def _chat(self, request: Request, call: Call) -> Response:
+        arrival = time.monotonic()
+        body, size = await self._body(request)
+        return await self._generate(chat_request(body), call, size, arrival, chat=True)
+
+    async def _generate(
+        self, req: GenerationRequest, call: Call, size: int, arrival: float, chat: bool
+    ) -> Response:
+        """Admit the request (up to its first chunk: every refusal comes before the
+        response starts), then answer whole or as a stream. It holds its bytes of the
+        in-flight budget and a stream slot, as a gRPC Generate does, until it ends."""
+        call.model = req.model
+        held = contextlib.AsyncExitStack()
+        try:
+            held.enter_context(self.intake.budget(size))
+            ids = req.prompt_token_ids
+            if chat:
+                ids = await self.dataplane.chat_prompt(req.model, 0, req.messages)
+            if self.stream_slots is not None:
+                held.enter_context(self.stream_slots.held())
+            generate = GenerateCall(req.model, 0, req.prompt, ids, req.sampling, None, arrival)
+            chunks = self.dataplane.generate(generate)
+            held.push_async_callback(chunks.aclose)
+            first = await anext(chunks)
+        except BaseException:
+            await held.aclose()
+            raise
+        shapes = Shapes(chat, req.model, call.id)
+        if req.stream:
+            ended = self._stream_ended(call, held)
+            return EventStream(events(first, chunks, shapes, req.include_usage, ended), ended)
+        async with held:
+            return JSONResponse(await _whole(first, chunks, shapes))
+
+    def _stream_ended(
+        self, call: Call, held: contextlib.AsyncExitStack
+    ) -> Callable[[BaseException | None], Awaitable[dict[str, Any] | None]]:
+        """What a stream calls as it ends (once: its response calls it too, for a body
+        closed before it ran): give back what it held and record how it ended; for a
+        failure, the error body its last event carries."""
+
+        done = False
+
+        async def ended(exc: BaseException | None) -> dict[str, Any] | None:
+            nonlocal done
+            if done:
+                return None
+            done = True
+            await held.aclose()
+            if exc is None:
+                self.finished(call, grpc.StatusCode.OK)
+            elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                log.info("request.cancelled", request_id=call.id, rpc=call.rpc, status="CANCELLED")
+                self.finished(call, grpc.StatusCode.CANCELLED)
+            else:
+                total_ms = round((time.perf_counter() - call.start) * 1e3, 3)
+                code, message, _ = failure_status(exc, call.id, call.rpc, total_ms)
+                self.finished(call, code, message)
+                return error_body(code, message)
+            return None
+
+        return ended
+
+
+async def _whole(
+    first: RequestOutput, chunks: AsyncIterator[RequestOutput], shapes: Shapes
+) -> dict[str, Any]:
+    """A non-streamed answer: every chunk merged."""
+    async for chunk in chunks:
+        first.merge(chunk)
+    counts = usage(first.usage.prompt_tokens, first.usage.completion_tokens) if first.usage else {}
+    return shapes.whole(first.text, first.finish_reason, counts)
