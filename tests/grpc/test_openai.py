@@ -8,6 +8,7 @@ import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -303,3 +304,38 @@ def test_disconnect_frees_the_sequence(srv: ServerThread, grpc_client: Client) -
 def _generated(client: Client) -> int:
     (model,) = [m for m in client.info().models if m.name == MODEL]
     return int(model.generator.generated_tokens)
+
+
+def test_drain_ends_streams_with_an_error_event(repo: Path) -> None:
+    srv = serve(repo, openai__listen="127.0.0.1:0")
+    port = srv.server.openai.port
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "prompt": [5, 6, 7],
+            "max_tokens": 2000,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        received = sock.recv(4096)
+        assert received.startswith(b"HTTP/1.1 200")
+        start = time.monotonic()
+        stopping = threading.Thread(target=srv.stop, kwargs={"grace": 1.0})
+        stopping.start()
+        while chunk := sock.recv(65536):
+            received += chunk
+        stopping.join(10)
+    assert not stopping.is_alive() and time.monotonic() - start < 5
+    last = received.rstrip().rsplit(b"data: ", 1)[1]
+    error = json.loads(last.split(b"\r\n")[0])["error"]
+    assert error["code"] == "unavailable" and "shutting down" in error["message"]
+    with pytest.raises(OSError):  # no longer listening
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
