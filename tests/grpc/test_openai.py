@@ -301,6 +301,26 @@ def test_disconnect_frees_the_sequence(srv: ServerThread, grpc_client: Client) -
     assert _generated(grpc_client) - before < 1500  # aborted, not run to the end
 
 
+def test_disconnect_before_a_whole_answer_frees_the_sequence(
+    srv: ServerThread, grpc_client: Client
+) -> None:
+    before = _generated(grpc_client)
+    body = json.dumps({"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 2000,
+                       "temperature": 0, "ignore_eos": True}).encode()  # fmt: skip
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", srv.server.openai.port), timeout=10) as sock:
+        sock.sendall(request)
+        deadline = time.monotonic() + 5
+        while _generated(grpc_client) == before and time.monotonic() < deadline:
+            time.sleep(0.005)  # until it runs
+    status = wait_generator_idle(grpc_client, MODEL, timeout=5)
+    assert (status.running, status.waiting, status.kv_cache.used_blocks) == (0, 0, 0)
+    assert 0 < _generated(grpc_client) - before < 1500  # aborted, not run to the end
+
+
 def _generated(client: Client) -> int:
     (model,) = [m for m in client.info().models if m.name == MODEL]
     return int(model.generator.generated_tokens)

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -47,6 +47,10 @@ Handler = Callable[[Request, "Call"], Awaitable[Response]]
 
 class BodyTooLarge(ResourceExhaustedError):
     """A request body over [server] max_receive_message_bytes (HTTP 413)."""
+
+
+class Gone(Response):
+    """The answer to a client that disconnected before it was ready (nobody reads it)."""
 
 
 class Call:
@@ -106,7 +110,7 @@ class OpenAIRoutes:
             except Exception as exc:
                 response = self.failed(call, exc)
             else:
-                if not isinstance(response, EventStream):  # a stream records its own end
+                if not isinstance(response, (EventStream, Gone)):  # recorded where they end
                     self.finished(call, grpc.StatusCode.OK)
             response.headers[REQUEST_ID] = call.id
             return response
@@ -173,15 +177,23 @@ class OpenAIRoutes:
     async def _completions(self, request: Request, call: Call) -> Response:
         arrival = time.monotonic()
         body, size = await self._body(request)
-        return await self._generate(completion_request(body), call, size, arrival, chat=False)
+        req = completion_request(body)
+        return await self._generate(req, request, call, size, arrival, chat=False)
 
     async def _chat(self, request: Request, call: Call) -> Response:
         arrival = time.monotonic()
         body, size = await self._body(request)
-        return await self._generate(chat_request(body), call, size, arrival, chat=True)
+        req = chat_request(body)
+        return await self._generate(req, request, call, size, arrival, chat=True)
 
     async def _generate(
-        self, req: GenerationRequest, call: Call, size: int, arrival: float, chat: bool
+        self,
+        req: GenerationRequest,
+        request: Request,
+        call: Call,
+        size: int,
+        arrival: float,
+        chat: bool,
     ) -> Response:
         """Admit the request (up to its first chunk: every refusal comes before the
         response starts), then answer whole or as a stream. It holds its bytes of the
@@ -207,7 +219,12 @@ class OpenAIRoutes:
             ended = self._stream_ended(call, held)
             return EventStream(events(first, chunks, shapes, req.include_usage, ended), ended)
         async with held:
-            return JSONResponse(await _whole(first, chunks, shapes))
+            whole = await _unless_disconnected(request, _whole(first, chunks, shapes))
+        if whole is None:
+            log.info("request.cancelled", request_id=call.id, rpc=call.rpc, status="CANCELLED")
+            self.finished(call, grpc.StatusCode.CANCELLED)
+            return Gone(status_code=499)
+        return JSONResponse(whole)
 
     def _stream_ended(
         self, call: Call, held: contextlib.AsyncExitStack
@@ -237,6 +254,28 @@ class OpenAIRoutes:
             return None
 
         return ended
+
+
+async def _unless_disconnected(
+    request: Request, work: Coroutine[Any, Any, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """`work`'s result, or None once the client disconnects first (`work` is then
+    cancelled: a generation aborts, and its KV blocks are freed, within a step)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    working = asyncio.create_task(work)
+    watcher = asyncio.create_task(disconnected())
+    try:
+        await asyncio.wait((working, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not working.done():
+            working.cancel()
+            await asyncio.wait((working,))
+    return None if working.cancelled() else working.result()
 
 
 async def _whole(
