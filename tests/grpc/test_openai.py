@@ -93,6 +93,10 @@ def test_models_lists_the_generators(api: Any) -> None:
     assert sorted(m.id for m in api.models.list()) == [MODEL, PLAIN]
 
 
+def test_info_says_where_the_api_is(srv: ServerThread, grpc_client: Client) -> None:
+    assert dict(grpc_client.info().endpoints)["openai"] == base_url(srv)
+
+
 def test_completion_equals_generate(api: Any, grpc_client: Client) -> None:
     prompt = "the quick brown fox jumps over"
     tokens, text, last = generate(grpc_client, prompt=prompt, max_tokens=12)

@@ -168,6 +168,9 @@ class TensordServer:
         await self._server.start()
         address = f"{listen.rsplit(':', 1)[0]}:{self.port}"
         self._servicer.endpoints = [(name, address) for name in self.reflection.service_names]
+        if self.openai is not None:
+            host = self.openai.listen.rsplit(":", 1)[0]
+            self._servicer.endpoints.append(("openai", f"http://{host}:{self.openai.port}/v1"))
         log.info(
             "server.listening",
             listen=listen,
