@@ -22,7 +22,7 @@ help:
 	@echo "make setup      virtualenv with what serving on the CPU needs (onnxruntime)"
 	@echo "make setup-gpu  virtualenv with what serving on a GPU needs (onnxruntime-gpu, CUDA bindings)"
 	@echo "make docs       regenerate docs/configuration.md from the settings"
-	@echo "make proto      regenerate the Python stubs from protos/"
+	@echo "make proto      regenerate the Python stubs from protos/ (tensord.v1, and KServe v2)"
 	@echo "make dist       wheels and sdists of tensord-client and tensord in dist/"
 	@echo "make bench      run the Predict (batching off, then on) and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
@@ -72,6 +72,7 @@ docs: $(SETUP_STAMP)
 
 proto: $(VENV)/.setup-dev
 	$(PY) clients/python/generate_stubs.py
+	$(PY) tools/kserve_stubs.py
 
 # Wheels and sdists of both distributions: tensord-client (clients/python: the library, the
 # generated stubs, tensorctl) and tensord, which depends on it. `build` makes each wheel
