@@ -53,9 +53,16 @@ $(VENV)/.setup-gpu: pyproject.toml clients/python/pyproject.toml | $(PY)
 # Keep whichever set is installed; a fresh environment gets the CPU set.
 SETUP_STAMP := $(if $(wildcard $(VENV)/.setup-gpu),$(VENV)/.setup-gpu,$(VENV)/.setup-cpu)
 
+# Triton's Python client, which the Open Inference Protocol tests drive. Its grpc extra
+# asks for protobuf < 7, older than tensord's stubs need; its generated modules load under
+# protobuf 7, so it comes without its pins, plus the one module of its own it imports
+# that nothing else brings (rapidjson; numpy, grpcio, ml_dtypes and packaging come with dev).
+TRITONCLIENT := "tritonclient==2.73.0" "python-rapidjson>=1.20,<2"
+
 # The test and lint tools (pytest, ruff, mypy, grpcio-tools, NVRTC for the kernel tests).
 $(VENV)/.setup-dev: pyproject.toml $(SETUP_STAMP)
 	$(PIP) install -e clients/python -e ".[dev]"
+	$(PIP) install --no-deps $(TRITONCLIENT)
 	touch $@
 
 # The tests also export Hugging Face models (the export extra: torch CPU, transformers,

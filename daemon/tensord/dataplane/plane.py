@@ -24,6 +24,7 @@ from tensord.dataplane.snapshots import model_health, model_snapshot
 from tensord.dataplane.types import (
     GenerateCall,
     HealthReport,
+    ModelSnapshot,
     PredictCall,
     PredictResult,
     RequestOutput,
@@ -323,7 +324,6 @@ class DataPlane:
             "numpy": np.__version__,
             "event_loop": running_loop_name(),
         }
-        redact = self._reasons()
         return ServerInfo(
             __version__,
             runtime,
@@ -331,8 +331,20 @@ class DataPlane:
             probe_gpus(),
             available_providers(),
             tensorrt_status()[1],
-            [model_snapshot(mv, redact) for mv in self.registry.versions() if may_see(mv.name)],
+            self.model_snapshots(),
         )
+
+    def model_snapshots(self, model: str = "") -> list[ModelSnapshot]:
+        """Every version of `model` as Info shows them (PERMISSION_DENIED when the caller may
+        not use it, NOT_FOUND when unknown), or of every model the caller may use; no
+        device probes, so cheap enough for every metadata call."""
+        redact = self._reasons()
+        if model:
+            check_model(model)
+            versions = self.registry.get_versions(model)
+        else:
+            versions = [mv for mv in self.registry.versions() if may_see(mv.name)]
+        return [model_snapshot(mv, redact) for mv in versions]
 
     async def load_models(self) -> None:
         """Scan the repository and load every version (start-up)."""

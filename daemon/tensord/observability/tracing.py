@@ -18,6 +18,9 @@ from tensord.config_tables import TracingSettings
 log = structlog.get_logger("tensord.tracing")
 
 SERVICE = "tensord.v1.InferenceService"
+KSERVE_SERVICE = "inference.GRPCInferenceService"
+"""The Open Inference Protocol's service: every RPC not of tensord.v1's is one of its."""
+_SERVICE_RPCS = frozenset({"Predict", "Generate", "Health", "Info"})
 # Per OpenTelemetry's gRPC conventions, these server-side codes mark a span as an error;
 # the others are the caller's doing.
 _ERROR_CODES = frozenset(
@@ -69,9 +72,10 @@ class RpcTracer:
         end = time.time_ns()
         carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
         parent = self._propagator.extract(carrier) if "traceparent" in carrier else None
+        service = SERVICE if rpc in _SERVICE_RPCS else KSERVE_SERVICE
         attributes: dict[str, str | int] = {
             "rpc.system": "grpc",
-            "rpc.service": SERVICE,
+            "rpc.service": service,
             "rpc.method": rpc,
             "rpc.grpc.status_code": int(code.value[0]),
             "tensord.request_id": request_id,
@@ -79,7 +83,7 @@ class RpcTracer:
         if model:
             attributes["tensord.model"] = model
         span = self._tracer.start_span(
-            f"{SERVICE}/{rpc}",
+            f"{service}/{rpc}",
             context=parent,
             kind=self._kind,
             attributes=attributes,

@@ -23,6 +23,7 @@ from tensord.errors import DeviceLostError
 from tensord.eventloop import running_loop_name
 from tensord.observability import Observability
 from tensord.server.health import HealthPublisher, HealthServicer, add_health_servicer
+from tensord.server.kserve import KServeServicer, add_kserve_servicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reflection import SERVICE_NAME as REFLECTION_SERVICE_NAME
 from tensord.server.reflection import ReflectionServicer, add_reflection_servicer
@@ -116,6 +117,16 @@ class TensordServer:
         self._intake = servicer.intake
         self._servicer = servicer
         add_servicer(servicer, self._server)
+        add_kserve_servicer(
+            KServeServicer(
+                self.dataplane,
+                servicer.intake,
+                servicer.calls,
+                self.observability.observer,
+                config.server.max_send_message_bytes,
+            ),
+            self._server,
+        )
         add_health_servicer(self.health, self._server, servicer.intake)
         self.reflection = ReflectionServicer(
             (SERVICE_NAME, health.SERVICE_NAME, REFLECTION_SERVICE_NAME)

@@ -23,8 +23,8 @@ _DTYPE_NAMES = ", ".join(pb.DataType.Name(int(d)) for d in DType)
 _U32 = struct.Struct("<I")
 MAX_RANK = 64
 """NumPy's (and ONNX Runtime's) largest rank."""
-_MAX_BYTES_LOG2 = 62
-_MAX_BYTES = 1 << _MAX_BYTES_LOG2
+MAX_BYTES_LOG2 = 62
+MAX_BYTES = 1 << MAX_BYTES_LOG2
 """No tensor's elements may need more bytes than this, counted without its zero dimensions
 (NumPy refuses such shapes even when they hold no element)."""
 _SHOWN_DIMS = 8
@@ -102,10 +102,10 @@ def decode_tensor(tensor: pb.Tensor, where: str) -> tuple[str, np.ndarray]:
         _refuse_header(tensor, shape, _label(where, tensor))
     count = math.prod(shape)
     nonzero = count if count else math.prod(d for d in shape if d)
-    if nonzero * max(dtype.itemsize, 8) > _MAX_BYTES:
+    if nonzero * max(dtype.itemsize, 8) > MAX_BYTES:
         raise InvalidArgumentError(
             f"{_label(where, tensor)}: shape {shape_text(shape)} is too large to hold in "
-            f"memory (more than 2^{_MAX_BYTES_LOG2} bytes, {_MAX_BYTES >> 60} EiB, zero "
+            f"memory (more than 2^{MAX_BYTES_LOG2} bytes, {MAX_BYTES >> 60} EiB, zero "
             "dimensions aside)"
         )
     kind = tensor.WhichOneof("data")
@@ -151,7 +151,7 @@ def _decode_raw(
     raw: bytes, dtype: DType, shape: tuple[int, ...], count: int, where: str, tensor: pb.Tensor
 ) -> np.ndarray:
     if dtype is DType.STRING:
-        return _decode_raw_strings(raw, shape, count, _label(where, tensor))
+        return decode_raw_strings(raw, shape, count, _label(where, tensor))
     expected = count * dtype.itemsize
     if len(raw) != expected:
         raise InvalidArgumentError(
@@ -161,7 +161,7 @@ def _decode_raw(
         )
     array = np.frombuffer(raw, dtype=dtype.numpy, count=count)
     if dtype is DType.BOOL and count:
-        i = _first(array.view(np.uint8) > 1)
+        i = first_true(array.view(np.uint8) > 1)
         if i is not None:
             raise InvalidArgumentError(
                 f"{_label(where, tensor)}: raw_data byte {i} is {raw[i]}; BOOL raw_data is one "
@@ -170,7 +170,7 @@ def _decode_raw(
     return array.reshape(shape)
 
 
-def _decode_raw_strings(raw: bytes, shape: tuple[int, ...], count: int, label: str) -> np.ndarray:
+def decode_raw_strings(raw: bytes, shape: tuple[int, ...], count: int, label: str) -> np.ndarray:
     if count > len(raw) // 4:  # before allocating anything for `count` elements
         raise InvalidArgumentError(
             f"{label}: raw_data has {len(raw)} bytes, too few for {count} strings; STRING "
@@ -191,7 +191,7 @@ def _decode_raw_strings(raw: bytes, shape: tuple[int, ...], count: int, label: s
             raise InvalidArgumentError(
                 f"{label}: element {i} claims {length} bytes but only {len(raw) - offset} remain"
             )
-        out[i] = _text(bytes(view[offset : offset + length]), i, label)
+        out[i] = utf8_text(bytes(view[offset : offset + length]), i, label)
         offset += length
     if offset != len(raw):
         raise InvalidArgumentError(
@@ -200,7 +200,7 @@ def _decode_raw_strings(raw: bytes, shape: tuple[int, ...], count: int, label: s
     return out.reshape(shape)
 
 
-def _text(data: bytes, index: int, label: str) -> str:
+def utf8_text(data: bytes, index: int, label: str) -> str:
     # ONNX Runtime's string tensors are UTF-8 text; binary data cannot pass through them.
     try:
         return data.decode("utf-8")
@@ -228,12 +228,12 @@ def _decode_contents(
         )
     if dtype is DType.STRING:
         out = np.empty(count, dtype=object)
-        out[:] = [_text(v, i, label) for i, v in enumerate(values)]
+        out[:] = [utf8_text(v, i, label) for i, v in enumerate(values)]
         return out.reshape(shape)
     if field == "int_values":
-        wide = _numbers(values, np.dtype(np.int64))
+        wide = number_array(values, np.dtype(np.int64))
         info = np.iinfo(dtype.numpy)
-        i = _first((wide < info.min) | (wide > info.max))
+        i = first_true((wide < info.min) | (wide > info.max))
         if i is not None:
             raise InvalidArgumentError(
                 f"{label}: contents.int_values[{i}] = {int(wide[i])} is out of range for "
@@ -241,20 +241,20 @@ def _decode_contents(
             )
         return wide.astype(dtype.numpy).reshape(shape)
     if dtype is DType.FLOAT16:
-        wide = _numbers(values, np.dtype(np.float32))
+        wide = number_array(values, np.dtype(np.float32))
         with np.errstate(over="ignore"):
             narrow = wide.astype(np.float16)
-        i = _first(np.isfinite(wide) & ~np.isfinite(narrow))
+        i = first_true(np.isfinite(wide) & ~np.isfinite(narrow))
         if i is not None:
             raise InvalidArgumentError(
                 f"{label}: contents.float_values[{i}] = {float(wide[i]):g} is out of range for "
                 "DATA_TYPE_FLOAT16 (largest 65504)"
             )
         return narrow.reshape(shape)
-    return _numbers(values, dtype.numpy).reshape(shape)
+    return number_array(values, dtype.numpy).reshape(shape)
 
 
-def _first(mask: np.ndarray) -> int | None:
+def first_true(mask: np.ndarray) -> int | None:
     """The index of the first true element, or None."""
     hits = np.flatnonzero(mask)
     return int(hits[0]) if hits.size else None
@@ -266,7 +266,7 @@ the interpreter lock throughout; in chunks, a worker thread converting millions 
 lets the event loop run between them."""
 
 
-def _numbers(values: Sequence[Any], dtype: np.dtype) -> np.ndarray:
+def number_array(values: Sequence[Any], dtype: np.dtype) -> np.ndarray:
     """A repeated number field as an array, converted chunk by chunk."""
     if len(values) <= _CHUNK:
         return np.array(values, dtype=dtype)

@@ -53,8 +53,9 @@ Resp = TypeVar("Resp", bound=Message)
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
-_DURING_DRAIN = frozenset({"Health", "Info"})
-"""Calls served while a drain runs (the data plane answers NOT_SERVING for Health)."""
+_DURING_DRAIN = frozenset({"Health", "Info", "ServerLive", "ServerReady", "ModelReady"})
+"""Calls served while a drain runs (the data plane answers NOT_SERVING for Health, and not
+ready for the Open Inference Protocol's ServerReady and ModelReady)."""
 
 # Made-up ids: a random per-process prefix and a counter, 32 hex digits, unique without
 # paying for uuid4 on every call.
@@ -141,8 +142,17 @@ def _observe(
     if rpc == "Health" and is_probe(context.invocation_metadata()):
         return  # the daemon's own watchdog, not a client
     elapsed = time.perf_counter() - start
-    model = getattr(request, "model", "")
-    observer.finished(rpc, model, code, elapsed, rid, context, message)
+    observer.finished(rpc, _model_of(request), code, elapsed, rid, context, message)
+
+
+def _model_of(request: Any) -> str:
+    """The model a request names: `model` in tensord.v1, `model_name` (ModelInfer) or
+    `name` (the other model requests) in the Open Inference Protocol."""
+    for field in ("model", "model_name", "name"):
+        model = getattr(request, field, None)
+        if isinstance(model, str):
+            return model
+    return ""
 
 
 Trailers = tuple[tuple[str, str | bytes], ...]

@@ -71,7 +71,7 @@ class Look:
     packed as one-byte varints become 8 bytes each)."""
 
 
-class _Walk:
+class Walk:
     """Counts the fields read; RESOURCE_EXHAUSTED past the budget. `on_model` sees the model
     name as soon as it is read (serializers write it first), so a caller who may not use
     the model learns nothing more about its request."""
@@ -135,7 +135,7 @@ class _Walk:
         return count_varints(self.data, field.value, field.end), True
 
 
-def _model_and_version(walk: _Walk, field: Any, look: Look) -> bool:
+def _model_and_version(walk: Walk, field: Any, look: Look) -> bool:
     """Fields 1 and 2 of every request: the model name and version (True when `field` was
     one of them). Every occurrence of the name is checked: protobuf keeps the last."""
     if field.number == 1 and field.wire_type == LENGTH:
@@ -147,7 +147,7 @@ def _model_and_version(walk: _Walk, field: Any, look: Look) -> bool:
     return True
 
 
-def _look_tensor(walk: _Walk, field: Any, index: int) -> int:
+def _look_tensor(walk: Walk, field: Any, index: int) -> int:
     """One input Tensor: its name's length and its rank, refused past their limits before
     protobuf builds them (as the decoder would word it); the typed integers its contents
     hold."""
@@ -173,7 +173,7 @@ def _look_tensor(walk: _Walk, field: Any, index: int) -> int:
     return integers
 
 
-def _look_predict(walk: _Walk) -> Look:
+def _look_predict(walk: Walk) -> Look:
     look = Look()
     tensors = names = integers = 0
     cap = walk.limits.max_typed_integers
@@ -196,7 +196,7 @@ def _look_predict(walk: _Walk) -> Look:
     return look
 
 
-def _look_generate(walk: _Walk) -> Look:
+def _look_generate(walk: Walk) -> Look:
     look = Look()
     sampling = 0
     for field in walk.fields():
@@ -222,7 +222,7 @@ def _look_generate(walk: _Walk) -> Look:
     return look
 
 
-def _look_health(walk: _Walk) -> Look:
+def _look_health(walk: Walk) -> Look:
     look = Look()
     for field in walk.fields():
         if field.number == 1 and field.wire_type == LENGTH:
@@ -230,7 +230,7 @@ def _look_health(walk: _Walk) -> Look:
     return look
 
 
-def _look_fields(walk: _Walk) -> Look:
+def _look_fields(walk: Walk) -> Look:
     """A message with no fields of its own (InfoRequest): unknown fields are only counted."""
     for _ in walk.fields():
         pass
@@ -250,6 +250,9 @@ class Intake:
 
     def __init__(self, limits: LimitsSettings) -> None:
         self.limits = limits
+        self.lookers: dict[str, Callable[[Walk], Look]] = dict(_LOOKERS)
+        """How each RPC's request is looked at, by RPC name; other services add theirs
+        (the Open Inference Protocol's, kserve_intake.py)."""
         self.bytes_in_flight = 0
         self._closing = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -333,11 +336,11 @@ class Intake:
                 f"{_SMALL_MESSAGE_BYTES}"
             )
         try:
-            return _LOOKERS[rpc](_Walk(data, self.limits, on_model))
+            return self.lookers[rpc](Walk(data, self.limits, on_model))
         except WireError as exc:
             raise InvalidArgumentError(
                 f"the request is not a valid {type_name} message ({exc}); check the client's "
-                "stubs against the server's contract (tensord.v1)"
+                f"stubs against the server's contract ({type_name.rpartition('.')[0]})"
             ) from None
 
     async def parse(self, message_type: Any, data: bytes) -> Any:
@@ -359,7 +362,8 @@ class Intake:
         except DecodeError as exc:
             raise InvalidArgumentError(
                 f"the request is not a valid {message_type.DESCRIPTOR.full_name} message "
-                f"({exc}); check the client's stubs against the server's contract (tensord.v1)"
+                f"({exc}); check the client's stubs against the server's contract "
+                f"({message_type.DESCRIPTOR.file.package})"
             ) from None
 
 

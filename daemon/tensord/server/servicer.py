@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
+from typing import Any
 
 import grpc
 import structlog
@@ -156,10 +157,25 @@ def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
     """Register the servicer as request-streaming methods that take the request's bytes
     (intake.py receives, bounds and parses the one message); on the wire they are the
     contract's unary and server-streaming methods."""
-    service = pb.DESCRIPTOR.services_by_name["InferenceService"]
+    register_raw(servicer, server, pb, "InferenceService")
+
+
+def register_raw(
+    servicer: object,
+    server: grpc.aio.Server,
+    module: Any,
+    service_name: str,
+    methods: Collection[str] | None = None,
+) -> None:
+    """Register `service_name` of the generated `module` with the servicer's methods of the
+    same names (all, or `methods`), each taking its request as bytes (the RPC decorators
+    receive and parse it)."""
+    service = module.DESCRIPTOR.services_by_name[service_name]
     handlers = {}
     for method in service.methods:
-        response_type = getattr(pb, method.output_type.name)
+        if methods is not None and method.name not in methods:
+            continue  # gRPC answers UNIMPLEMENTED
+        response_type = getattr(module, method.output_type.name)
         make = (
             grpc.stream_stream_rpc_method_handler
             if method.server_streaming

@@ -1,0 +1,236 @@
+"""Tensors between the Open Inference Protocol's (KServe v2) messages and NumPy arrays.
+
+The protocol names element types by strings ("FP32", "BYTES"), carries each input either
+as one entry of `raw_input_contents` (little-endian C-order bytes; BYTES elements as a
+4-byte little-endian length then the bytes, as tensord.v1's STRING) or as typed
+`contents`, and answers with `raw_output_contents`, as Triton does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tensord.dtypes import DType, from_numpy
+from tensord.errors import InvalidArgumentError
+from tensord.kserve.v2 import grpc_service_pb2 as pb
+from tensord.server.codec import (
+    MAX_BYTES,
+    MAX_BYTES_LOG2,
+    MAX_RANK,
+    decode_raw_strings,
+    encode_raw_strings,
+    first_true,
+    number_array,
+    shape_text,
+    utf8_text,
+)
+
+DATATYPES: dict[DType, str] = {
+    DType.BOOL: "BOOL",
+    DType.UINT8: "UINT8",
+    DType.INT8: "INT8",
+    DType.INT16: "INT16",
+    DType.INT32: "INT32",
+    DType.INT64: "INT64",
+    DType.FLOAT16: "FP16",
+    DType.BFLOAT16: "BF16",
+    DType.FLOAT32: "FP32",
+    DType.FLOAT64: "FP64",
+    DType.STRING: "BYTES",
+}
+"""The protocol's name of each element type tensord carries."""
+_FROM_NAME = {name: dtype for dtype, name in DATATYPES.items()}
+_NAMES = ", ".join(DATATYPES.values())
+_UNSUPPORTED = ("UINT16", "UINT32", "UINT64")
+
+# InferTensorContents: the field that carries each type's typed values (FP16 and BF16 have
+# none: they travel in raw_input_contents only).
+_CONTENTS: dict[DType, str] = {
+    DType.BOOL: "bool_contents",
+    DType.UINT8: "uint_contents",
+    DType.INT8: "int_contents",
+    DType.INT16: "int_contents",
+    DType.INT32: "int_contents",
+    DType.INT64: "int64_contents",
+    DType.FLOAT32: "fp32_contents",
+    DType.FLOAT64: "fp64_contents",
+    DType.STRING: "bytes_contents",
+}
+_CONTENTS_FIELDS = (
+    "bool_contents",
+    "int_contents",
+    "int64_contents",
+    "uint_contents",
+    "uint64_contents",
+    "fp32_contents",
+    "fp64_contents",
+    "bytes_contents",
+)
+_NARROW_INTEGERS = frozenset({DType.UINT8, DType.INT8, DType.INT16})
+_TENSOR_STEPS = 256
+"""What decoding one tensor costs beside its elements, in element steps (codec.py)."""
+
+
+def datatype(name: str, label: str) -> DType:
+    """The DType of a protocol datatype string; INVALID_ARGUMENT for one tensord lacks."""
+    dtype = _FROM_NAME.get(name)
+    if dtype is not None:
+        return dtype
+    why = "tensord's models take no unsigned 16/32/64-bit tensors; " if name in _UNSUPPORTED else ""
+    raise InvalidArgumentError(
+        f"{label}: datatype {name[:64]!r} is not supported; {why}expected one of {_NAMES}"
+    )
+
+
+def decode_cost(request: pb.ModelInferRequest) -> int:
+    """Roughly how many Python-level element steps decoding the inputs takes."""
+    steps = _TENSOR_STEPS * len(request.inputs)
+    for tensor in request.inputs:
+        contents = tensor.contents
+        steps += sum(len(getattr(contents, field)) for field in _CONTENTS_FIELDS)
+        if tensor.datatype == "BYTES":
+            steps += math.prod(tensor.shape) if len(tensor.shape) <= MAX_RANK else 0
+    return steps
+
+
+def decode_inputs(request: pb.ModelInferRequest) -> list[tuple[str, np.ndarray]]:
+    """(name, array) for each input; raw entries are wrapped without copying (read-only)."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgumentError(
+            f"raw_input_contents has {len(raw)} entries but the request has "
+            f"{len(request.inputs)} inputs; give one per input, in the inputs' order"
+        )
+    return [
+        _decode_input(tensor, raw[i] if raw else None, f"inputs[{i}] {tensor.name!r}")
+        for i, tensor in enumerate(request.inputs)
+    ]
+
+
+def _decode_input(
+    tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None, label: str
+) -> tuple[str, np.ndarray]:
+    for key in tensor.parameters:
+        if key.startswith("shared_memory"):
+            raise InvalidArgumentError(
+                f"{label}: parameter {key!r}: tensord has no shared-memory regions; send the "
+                "tensor in raw_input_contents or contents"
+            )
+    dtype = datatype(tensor.datatype, label)
+    shape = _shape(tensor.shape, label)
+    count = math.prod(shape)
+    if raw is not None:
+        if tensor.HasField("contents"):
+            raise InvalidArgumentError(
+                f"{label}: has contents while the request uses raw_input_contents; a request "
+                "carries all its inputs one way or the other"
+            )
+        return tensor.name, _decode_raw(raw, dtype, shape, count, label)
+    return tensor.name, _decode_contents(tensor.contents, dtype, shape, count, label)
+
+
+def _shape(dims: Sequence[int], label: str) -> tuple[int, ...]:
+    shape = tuple(dims)
+    if len(shape) > MAX_RANK:
+        raise InvalidArgumentError(
+            f"{label}: shape has rank {len(shape)}; at most {MAX_RANK} dimensions are supported"
+        )
+    if shape and min(shape) < 0:
+        raise InvalidArgumentError(
+            f"{label}: shape {shape_text(shape)} has a negative dimension; every dimension "
+            "must be >= 0"
+        )
+    if math.prod(d for d in shape if d) * 8 > MAX_BYTES:
+        raise InvalidArgumentError(
+            f"{label}: shape {shape_text(shape)} is too large to hold in memory (more than "
+            f"2^{MAX_BYTES_LOG2} bytes, zero dimensions aside)"
+        )
+    return shape
+
+
+def _decode_raw(
+    raw: bytes, dtype: DType, shape: tuple[int, ...], count: int, label: str
+) -> np.ndarray:
+    if dtype is DType.STRING:
+        return decode_raw_strings(raw, shape, count, label)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise InvalidArgumentError(
+            f"{label}: raw_input_contents has {len(raw)} bytes, but shape {shape_text(shape)} "
+            f"of {DATATYPES[dtype]} needs {expected} ({count} elements x {dtype.itemsize} bytes)"
+        )
+    array = np.frombuffer(raw, dtype=dtype.numpy, count=count)
+    if dtype is DType.BOOL and count:
+        i = first_true(array.view(np.uint8) > 1)
+        if i is not None:
+            raise InvalidArgumentError(
+                f"{label}: raw_input_contents byte {i} is {raw[i]}; BOOL is one byte per "
+                "element, 0 or 1"
+            )
+    return array.reshape(shape)
+
+
+def _decode_contents(
+    contents: pb.InferTensorContents, dtype: DType, shape: tuple[int, ...], count: int, label: str
+) -> np.ndarray:
+    field = _CONTENTS.get(dtype)
+    if field is None:
+        raise InvalidArgumentError(
+            f"{label}: {DATATYPES[dtype]} tensors travel in raw_input_contents (the protocol "
+            "has no typed contents for them)"
+        )
+    for other in _CONTENTS_FIELDS:
+        if other != field and len(getattr(contents, other)):
+            raise InvalidArgumentError(
+                f"{label}: contents.{other} is set, but a {DATATYPES[dtype]} tensor takes its "
+                f"values in contents.{field}"
+            )
+    values = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidArgumentError(
+            f"{label}: contents.{field} has {len(values)} values, but shape "
+            f"{shape_text(shape)} needs {count}"
+        )
+    if dtype is DType.STRING:
+        out = np.empty(count, dtype=object)
+        out[:] = [utf8_text(v, i, label) for i, v in enumerate(values)]
+        return out.reshape(shape)
+    if dtype in _NARROW_INTEGERS:
+        return _narrow(values, dtype, field, label).reshape(shape)
+    return number_array(values, dtype.numpy).reshape(shape)
+
+
+def _narrow(values: Sequence[Any], dtype: DType, field: str, label: str) -> np.ndarray:
+    """8- and 16-bit integers, which travel widened to 32 bits: checked for range."""
+    wide = number_array(values, np.dtype(np.int64))
+    info = np.iinfo(dtype.numpy)
+    i = first_true((wide < info.min) | (wide > info.max))
+    if i is not None:
+        raise InvalidArgumentError(
+            f"{label}: contents.{field}[{i}] = {int(wide[i])} is out of range for "
+            f"{DATATYPES[dtype]} [{info.min}, {info.max}]"
+        )
+    return wide.astype(dtype.numpy)
+
+
+def output_datatype(array: np.ndarray, name: str) -> str:
+    """The protocol's datatype of an output array."""
+    try:
+        return DATATYPES[from_numpy(array.dtype)]
+    except ValueError as exc:
+        raise InvalidArgumentError(f"output {name!r}: {exc}") from None
+
+
+def fill_outputs(response: pb.ModelInferResponse, outputs: list[tuple[str, np.ndarray]]) -> None:
+    """Each output's name, datatype and shape, and its bytes in raw_output_contents."""
+    for name, array in outputs:
+        kind = output_datatype(array, name)
+        response.outputs.add(name=name, datatype=kind, shape=array.shape)
+        if kind == "BYTES":
+            response.raw_output_contents.append(encode_raw_strings(array.reshape(-1)))
+        else:
+            response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
