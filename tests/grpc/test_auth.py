@@ -118,6 +118,7 @@ def test_health_is_open_and_reflection_closed_by_default(auth_server: ServerThre
         assert list_services(channel, ADMIN) == [
             "grpc.health.v1.Health",
             "grpc.reflection.v1alpha.ServerReflection",
+            "inference.GRPCInferenceService",
             "tensord.v1.InferenceService",
         ]
 

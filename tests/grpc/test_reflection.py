@@ -34,6 +34,8 @@ def test_list_describe_and_call(server: ServerThread) -> None:
         pool = descriptor_pool.DescriptorPool(database)
         service = pool.FindServiceByName("tensord.v1.InferenceService")
         assert [m.name for m in service.methods] == ["Predict", "Generate", "Health", "Info"]
+        kserve = pool.FindServiceByName("inference.GRPCInferenceService")
+        assert {"ModelInfer", "ModelMetadata", "ModelConfig"} <= {m.name for m in kserve.methods}
         assert service.methods_by_name["Generate"].server_streaming
         health = service.methods_by_name["Health"]
         request_cls = message_factory.GetMessageClass(health.input_type)

@@ -23,6 +23,7 @@ from tensord.errors import DeviceLostError
 from tensord.eventloop import running_loop_name
 from tensord.observability import Observability
 from tensord.server.health import HealthPublisher, HealthServicer, add_health_servicer
+from tensord.server.kserve import SERVICE_NAME as KSERVE_SERVICE_NAME
 from tensord.server.kserve import KServeServicer, add_kserve_servicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reflection import SERVICE_NAME as REFLECTION_SERVICE_NAME
@@ -129,7 +130,7 @@ class TensordServer:
         )
         add_health_servicer(self.health, self._server, servicer.intake)
         self.reflection = ReflectionServicer(
-            (SERVICE_NAME, health.SERVICE_NAME, REFLECTION_SERVICE_NAME)
+            (SERVICE_NAME, KSERVE_SERVICE_NAME, health.SERVICE_NAME, REFLECTION_SERVICE_NAME)
         )
         add_reflection_servicer(self.reflection, self._server)
         self.openai: OpenAIServer | None = (
