@@ -139,6 +139,7 @@ test: $(VENV)/.setup-dev $(VENV)/.setup-export npm-deps systemd-tools test-packa
 bench: $(VENV)/.setup-dev $(VENV)/.setup-export demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)
 	$(PY) benchmarks/predict_bench.py --batching $(ARGS)
+	$(PY) benchmarks/perf_analyzer_bench.py
 	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
 	$(PY) benchmarks/generate_hf_bench.py $(GENERATE_HF_ARGS)
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
