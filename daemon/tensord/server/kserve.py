@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 
 import grpc
@@ -40,7 +39,7 @@ from tensord.server.kserve_converters import (
     pick,
 )
 from tensord.server.kserve_intake import LOOKERS, parse_version
-from tensord.server.servicer import register_raw
+from tensord.server.servicer import predict_finished, register_raw
 
 log = structlog.get_logger("tensord.request")
 
@@ -152,20 +151,7 @@ class KServeServicer:
             call.inputs = decode_inputs(request)
         result = await self._predict(call)
         offload = self._plan_reply(result)
-        if self.observer is not None:
-            self.observer.predict_timings(result.model, result.queue_s, result.compute_s)
-        if log.is_enabled_for(logging.DEBUG):  # skip building the fields at info
-            log.debug(
-                "request.finished",
-                request_id=rid,
-                rpc="ModelInfer",
-                model=result.model,
-                version=result.version,
-                status="OK",
-                queue_us=int(result.queue_s * 1e6),
-                compute_us=int(result.compute_s * 1e6),
-                total_us=int((time.perf_counter() - start) * 1e6),
-            )
+        predict_finished(self.observer, "ModelInfer", rid, result, start)
         response = pb.ModelInferResponse(
             model_name=result.model, model_version=str(result.version), id=request.id
         )

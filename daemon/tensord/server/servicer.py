@@ -91,21 +91,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         result = await self._dataplane.predict(call)
         contents = request.output_encoding == pb.TENSOR_ENCODING_CONTENTS
         offload = self._plan_reply(result, contents)
-        total_us = int((time.perf_counter() - start) * 1e6)
-        if self.observer is not None:
-            self.observer.predict_timings(result.model, result.queue_s, result.compute_s)
-        if log.is_enabled_for(logging.DEBUG):  # skip building the fields at info
-            log.debug(
-                "request.finished",
-                request_id=rid,
-                rpc="Predict",
-                model=result.model,
-                version=result.version,
-                status="OK",
-                queue_us=int(result.queue_s * 1e6),
-                compute_us=int(result.compute_s * 1e6),
-                total_us=total_us,
-            )
+        total_us = predict_finished(self.observer, "Predict", rid, result, start)
         if offload:
             return await asyncio.to_thread(converters.predict_response, result, contents, total_us)
         return converters.predict_response(result, contents, total_us)
@@ -151,6 +137,29 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             pb.Endpoint(protocol=protocol, address=address) for protocol, address in self.endpoints
         )
         return response
+
+
+def predict_finished(
+    observer: RequestObserver | None, rpc: str, rid: str, result: PredictResult, start: float
+) -> int:
+    """A Predict-like call ran (Predict, ModelInfer): its queue and compute times to the
+    metrics, a debug line; returns its microseconds since `start` (time.perf_counter)."""
+    total_us = int((time.perf_counter() - start) * 1e6)
+    if observer is not None:
+        observer.predict_timings(result.model, result.queue_s, result.compute_s)
+    if log.is_enabled_for(logging.DEBUG):  # skip building the fields at info
+        log.debug(
+            "request.finished",
+            request_id=rid,
+            rpc=rpc,
+            model=result.model,
+            version=result.version,
+            status="OK",
+            queue_us=int(result.queue_s * 1e6),
+            compute_us=int(result.compute_s * 1e6),
+            total_us=total_us,
+        )
+    return total_us
 
 
 def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
