@@ -123,6 +123,17 @@ class Walk:
             )
         return count + 1
 
+    def typed_integers(self, count: int, instead: str) -> int:
+        """`count` typed bool and integer values so far, refused past [limits]
+        max_typed_integers; `instead` says how to send such tensors ("as raw_data")."""
+        cap = self.limits.max_typed_integers
+        if cap and count > cap:
+            raise InvalidArgumentError(
+                f"the request carries more than {cap} bool and integer values as typed "
+                f"contents ([limits] max_typed_integers); send tensors this large {instead}"
+            )
+        return count
+
     def repeated_numbers(self, field: Any, exact: bool = False) -> tuple[int, bool]:
         """Entries of one repeated number field occurrence: 1 unpacked; packed, the count
         (or, past _COUNT_BYTES and unless `exact`, the fewest a field that long holds: a
@@ -176,19 +187,13 @@ def _look_tensor(walk: Walk, field: Any, index: int) -> int:
 def _look_predict(walk: Walk) -> Look:
     look = Look()
     tensors = names = integers = 0
-    cap = walk.limits.max_typed_integers
     for field in walk.fields():
         if _model_and_version(walk, field, look):
             continue
         if field.number == 3 and field.wire_type == LENGTH:
             integers += _look_tensor(walk, field, tensors)
             tensors = walk.tensor_count(tensors, "input tensors")
-            if cap and integers > cap:
-                raise InvalidArgumentError(
-                    f"the request carries more than {cap} bool and integer values as typed "
-                    "contents ([limits] max_typed_integers); send tensors this large as "
-                    "raw_data"
-                )
+            walk.typed_integers(integers, "as raw_data")
         elif field.number == 4:
             walk.text(field, f"output_names[{names}]")
             names = walk.tensor_count(names, "output names")

@@ -100,19 +100,13 @@ def _look_infer(walk: Walk) -> Look:
     """ModelInferRequest: model_name 1, model_version 2, inputs 5, outputs 6."""
     look = Look()
     tensors = names = integers = 0
-    cap = walk.limits.max_typed_integers
     for field in walk.fields():
         if _name_and_version(walk, field, look):
             continue
         if field.number == 5 and field.wire_type == LENGTH:
             integers += _look_input(walk, field, tensors)
             tensors = walk.tensor_count(tensors, "input tensors")
-            if cap and integers > cap:
-                raise InvalidArgumentError(
-                    f"the request carries more than {cap} bool and integer values as typed "
-                    "contents ([limits] max_typed_integers); send tensors this large in "
-                    "raw_input_contents"
-                )
+            walk.typed_integers(integers, "in raw_input_contents")
         elif field.number == 6 and field.wire_type == LENGTH:
             for inner in walk.fields(field.value, field.end):
                 if inner.number == 1:
