@@ -13,6 +13,7 @@ from typing import Any
 from tensord import __version__
 from tensord.config import env_keys, load_config
 from tensord.errors import ConfigError, ModelLoadError
+from tensord_client.cli import quiet_on_broken_pipe
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -270,20 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `tensord` command.
-
-    A reader that leaves early (`tensord inspect --json model.onnx | head`) ends it quietly,
-    with status 1, as the Python documentation's note on SIGPIPE does: the output is flushed
-    here so that a broken pipe shows up here, and stdout then points at /dev/null so that
-    the interpreter's own flush at exit finds nothing to write."""
-    try:
-        try:
-            return _run(argv)
-        finally:
-            sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    """Entry point of the `tensord` command; a reader that leaves early (`tensord inspect
+    --json model.onnx | head`) ends it quietly, with status 1."""
+    return quiet_on_broken_pipe(_run, argv)
 
 
 def _run(argv: list[str] | None) -> int:

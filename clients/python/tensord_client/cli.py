@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -460,15 +461,19 @@ def _tls(args: argparse.Namespace) -> TLSOptions | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `tensorctl`: exit 0 on success, 1 for an error from the server or
-    the connection, 2 for a mistake in the command line or its files, 130 on Ctrl-C.
+    the connection, 2 for a mistake in the command line or its files, 130 on Ctrl-C."""
+    return quiet_on_broken_pipe(_run, argv)
 
-    A reader that leaves early (`tensorctl --json info | head -1`) ends it quietly, with
-    status 1, as the Python documentation's note on SIGPIPE does: the output is flushed
-    here so that a broken pipe shows up here, and stdout then points at /dev/null so that
-    the interpreter's own flush at exit finds nothing to write."""
+
+def quiet_on_broken_pipe(run: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """`run(argv)` for a command whose reader may leave early (`tensorctl --json info |
+    head -1`): it ends quietly, with status 1, as the Python documentation's note on SIGPIPE
+    does: the output is flushed here so that a broken pipe shows up here, and stdout then
+    points at /dev/null so that the interpreter's own flush at exit finds nothing to write.
+    The `tensord` command uses it too."""
     try:
         try:
-            return _run(argv)
+            return run(argv)
         finally:
             sys.stdout.flush()
     except BrokenPipeError:
