@@ -12,12 +12,13 @@ tests/unit/test_kserve_contract.py checks that the modules in the tree are what 
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+from generate_stubs import run_protoc, write  # noqa: E402  (a script beside the client)
+
 PROTOS = ROOT / "protos" / "third_party" / "triton"
 PACKAGE = ROOT / "clients" / "python" / "tensord_client" / "kserve" / "v2"
 MODULE = "tensord_client.kserve.v2"
@@ -50,40 +51,13 @@ REWRITES: dict[str, list[tuple[str, str]]] = {
 
 def generate() -> dict[str, str]:
     """The generated files' names and texts, as they belong in tensord_client/kserve/v2."""
-    with tempfile.TemporaryDirectory() as scratch:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpc_tools.protoc",
-                f"-I{PROTOS}",
-                f"--python_out={scratch}",
-                f"--pyi_out={scratch}",
-                f"--grpc_python_out={scratch}",
-                str(PROTOS / "model_config.proto"),
-                str(PROTOS / "grpc_service.proto"),
-            ],
-            check=True,
-        )
-        texts = {}
-        for name, rewrites in REWRITES.items():
-            text = (Path(scratch) / name).read_text()
-            for old, new in rewrites:
-                if text.count(old) != 1:
-                    raise RuntimeError(
-                        f"{name}: expected {old!r} once in protoc's output, found it "
-                        f"{text.count(old)} times; update REWRITES in {Path(__file__).name}"
-                    )
-                text = text.replace(old, new)
-            texts[name] = text
-        return texts
+    protos = [PROTOS / "model_config.proto", PROTOS / "grpc_service.proto"]
+    return run_protoc(PROTOS, protos, REWRITES, Path(), __file__)
 
 
 def main() -> int:
     """Write the generated modules into the package."""
-    for name, text in generate().items():
-        (PACKAGE / name).write_text(text)
-        print(f"wrote {(PACKAGE / name).relative_to(ROOT)}")
+    write(generate(), PACKAGE)
     return 0
 
 

@@ -33,39 +33,58 @@ REWRITES: dict[str, list[tuple[str, str]]] = {
 
 def generate() -> dict[str, str]:
     """The stub files' names and texts, as they belong in tensord_client/v1."""
+    return run_protoc(ROOT / "protos", [PROTO], REWRITES, Path("tensord") / "v1", __file__)
+
+
+def run_protoc(
+    include: Path,
+    protos: list[Path],
+    rewrites: dict[str, list[tuple[str, str]]],
+    written_in: Path,
+    script: str,
+) -> dict[str, str]:
+    """protoc's Python, .pyi and gRPC modules of `protos` (under `include`): each file named
+    in `rewrites`, read from `written_in` below protoc's output, with each (old, new) pair
+    replaced; an `old` that does not occur exactly once fails, naming `script`'s REWRITES.
+    tools/kserve_stubs.py uses it too."""
     with tempfile.TemporaryDirectory() as scratch:
         subprocess.run(
             [
                 sys.executable,
                 "-m",
                 "grpc_tools.protoc",
-                f"-I{ROOT / 'protos'}",
+                f"-I{include}",
                 f"--python_out={scratch}",
                 f"--pyi_out={scratch}",
                 f"--grpc_python_out={scratch}",
-                str(PROTO),
+                *map(str, protos),
             ],
             check=True,
         )
         texts = {}
-        for name, rewrites in REWRITES.items():
-            text = (Path(scratch) / "tensord" / "v1" / name).read_text()
-            for old, new in rewrites:
+        for name, pairs in rewrites.items():
+            text = (Path(scratch) / written_in / name).read_text()
+            for old, new in pairs:
                 if text.count(old) != 1:
                     raise RuntimeError(
                         f"{name}: expected {old!r} once in protoc's output, found it "
-                        f"{text.count(old)} times; update REWRITES in {Path(__file__).name}"
+                        f"{text.count(old)} times; update REWRITES in {Path(script).name}"
                     )
                 text = text.replace(old, new)
             texts[name] = text
         return texts
 
 
+def write(texts: dict[str, str], package: Path) -> None:
+    """Write the generated files into `package`, saying each."""
+    for name, text in texts.items():
+        (package / name).write_text(text)
+        print(f"wrote {(package / name).relative_to(ROOT)}")
+
+
 def main() -> int:
     """Write the stubs into the client package."""
-    for name, text in generate().items():
-        (PACKAGE / name).write_text(text)
-        print(f"wrote {(PACKAGE / name).relative_to(ROOT)}")
+    write(generate(), PACKAGE)
     return 0
 
 
