@@ -161,6 +161,24 @@ def test_model_statistics(kserve: Any) -> None:
     assert {"mlp", "cnn", "mlp_batched"} <= {s.name for s in every}
 
 
+def test_statistics_count_each_request(kserve: Any) -> None:
+    """Per request, as perf_analyzer's server-side report reads them: successes with their
+    time, and the queue and compute time inside it, whichever protocol brought them."""
+    x = np.zeros((1, 512), np.float32)
+    (before,) = kserve.get_inference_statistics("mlp").model_stats
+    for _ in range(4):
+        infer(kserve, "mlp", {"input": x})
+    (after,) = kserve.get_inference_statistics("mlp").model_stats
+    b, a = before.inference_stats, after.inference_stats
+    assert a.success.count - b.success.count == 4
+    assert after.inference_count - before.inference_count == 4
+    assert a.queue.count - b.queue.count == 4 and a.compute_infer.count - b.compute_infer.count == 4
+    spent = a.success.ns - b.success.ns
+    assert 0 < (a.queue.ns - b.queue.ns) + (a.compute_infer.ns - b.compute_infer.ns) <= spent
+    assert a.fail.count == b.fail.count
+    assert after.last_inference >= before.last_inference and after.last_inference > 0
+
+
 def test_errors_are_mapped(kserve: Any) -> None:
     x = np.zeros((1, 512), np.float32)
     code, message = status_of(lambda: infer(kserve, "no_such_model", {"input": x}))

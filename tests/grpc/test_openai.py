@@ -25,6 +25,7 @@ openai = pytest.importorskip("openai")
 
 MODEL = "tinylm"
 PLAIN = "tinylm_plain"
+JINJA = "tinylm_jinja"
 ADMIN = "admin-token-aaaaaaaaaaaaaaaaaaaa"
 PLAIN_ONLY = "plain-only-token-bbbbbbbbbbbbbbbb"
 LIMITED = "limited-token-cccccccccccccccccc"
@@ -34,6 +35,10 @@ CHAT_TEMPLATE = (
     "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}\n"
     "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+JINJA_TEMPLATE = (
+    "{% for message in messages %}[{{ message['role'] | upper }}] {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}[ASSISTANT] {% endif %}"
 )
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -51,6 +56,9 @@ def repo(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = json.loads(config_path.read_text())
     config["chat_template"] = CHAT_TEMPLATE
     config_path.write_text(json.dumps(config))
+    # A newer export: the template in chat_template.jinja, which wins over the config's.
+    shutil.copytree(root / MODEL, root / JINJA)
+    (root / JINJA / "chat_template.jinja").write_text(JINJA_TEMPLATE)
     return root
 
 
@@ -90,7 +98,7 @@ def generate(client: Client, **request: Any) -> tuple[list[int], str, Any]:
 
 
 def test_models_lists_the_generators(api: Any) -> None:
-    assert sorted(m.id for m in api.models.list()) == [MODEL, PLAIN]
+    assert sorted(m.id for m in api.models.list()) == [MODEL, JINJA, PLAIN]
 
 
 def test_info_says_where_the_api_is(srv: ServerThread, grpc_client: Client) -> None:
@@ -152,16 +160,22 @@ def test_token_id_prompt_stop_and_seed(api: Any, grpc_client: Client) -> None:
     assert sampled[0] == sampled[1]
 
 
+@pytest.mark.parametrize("model", [MODEL, JINJA])
 def test_chat_renders_the_template_as_transformers(
-    api: Any, grpc_client: Client, repo: Path
+    api: Any, grpc_client: Client, repo: Path, model: str
 ) -> None:
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(repo / MODEL))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(repo / model))
     ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    if model == JINJA:
+        rendered = tokenizer.apply_chat_template(
+            MESSAGES, add_generation_prompt=True, tokenize=False
+        )
+        assert rendered.startswith("[SYSTEM] You are terse.")  # transformers took the file
     tokens, text, _ = generate(grpc_client, token_ids=ids, max_tokens=10)
     answer = api.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0
+        model=model, messages=MESSAGES, max_tokens=10, temperature=0
     )
     assert answer.object == "chat.completion"
     assert answer.choices[0].message.role == "assistant"
@@ -171,12 +185,86 @@ def test_chat_renders_the_template_as_transformers(
 
     chunks = list(
         api.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, stream=True
+            model=model, messages=MESSAGES, max_tokens=10, temperature=0, stream=True
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs_equal_generate(api: Any, grpc_client: Client, repo: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(repo / MODEL / "tokenizer.json"))
+    prompt = "the quick brown fox jumps over"
+    chunks = list(grpc_client.generate(MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                       logprobs=3))  # fmt: skip
+    expected = [lp for c in chunks for lp in c.logprobs]
+    ids = [lp.token_id for lp in expected]
+    texts = [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
+    answer = api.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=3
+    )
+    got = answer.choices[0].logprobs
+    assert answer.choices[0].text == "".join(c.text for c in chunks)  # the same tokens
+    assert got.tokens == texts
+    assert got.token_logprobs == pytest.approx([lp.logprob for lp in expected], abs=1e-5)
+    offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    assert got.text_offset == offsets
+    for top, lp in zip(got.top_logprobs, expected, strict=True):
+        alternatives = {tokenizer.decode([t.token_id], skip_special_tokens=False): t.logprob
+                        for t in lp.top}  # fmt: skip
+        assert set(alternatives) <= set(top) and len(top) <= 4
+        assert [top[k] for k in alternatives] == pytest.approx(
+            list(alternatives.values()), abs=1e-5
+        )
+
+    streamed = list(
+        api.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=0, stream=True
+        )
+    )
+    parts = [c.choices[0].logprobs for c in streamed if c.choices and c.choices[0].logprobs]
+    assert [t for p in parts for t in p.tokens] == texts
+    assert [o for p in parts for o in p.text_offset] == offsets  # counted across chunks
+    assert all(len(top) == 1 for p in parts for top in p.top_logprobs)  # the chosen token
+
+    chat = api.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True,
+        top_logprobs=2,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    for entry in content:
+        assert bytes(entry.bytes) == entry.token.encode()
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-5)  # greedy
+    plain = api.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0)
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == chat.choices[0].message.content
+    streamed_chat = list(
+        api.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True,
+            stream=True,
+        )
+    )  # fmt: skip
+    entries = [
+        e for c in streamed_chat if c.choices[0].logprobs for e in c.choices[0].logprobs.content
+    ]
+    assert [e.token for e in entries] == [e.token for e in content]
+    assert all(e.top_logprobs == [] for e in entries)
+
+    for bad in (dict(top_logprobs=2), dict(logprobs=True, top_logprobs=21), dict(logprobs=3)):
+        error = _error(
+            lambda b=bad: api.chat.completions.create(model=MODEL, messages=MESSAGES, **b)
+        )
+        assert error.status_code == 400 and error.response.json()["error"]["param"] in (
+            "logprobs",
+            "top_logprobs",
+        ), bad
 
 
 def _error(call: Any) -> Any:
@@ -189,7 +277,7 @@ def test_errors_in_openai_shape(api: Any) -> None:
     cases = [
         (404, "not_found", dict(model="nope", prompt="hi")),
         (400, "invalid_argument", dict(model=MODEL, prompt="hi", n=2)),
-        (400, "invalid_argument", dict(model=MODEL, prompt="hi", logprobs=2)),
+        (400, "invalid_argument", dict(model=MODEL, prompt="hi", logprobs=21)),
         (400, "invalid_argument", dict(model=MODEL, prompt="hi", temperature=-1)),
         (400, "invalid_argument", dict(model=MODEL, prompt="hi", max_tokens=100_000)),
     ]

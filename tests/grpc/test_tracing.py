@@ -189,3 +189,56 @@ def test_enabled_without_opentelemetry_logs_why(monkeypatch: pytest.MonkeyPatch)
             'extra from the clone: pip install -e ".[otel]"',
         }
     ]
+
+
+def test_http_requests_get_http_spans(demo_repo: Path) -> None:
+    pytest.importorskip("starlette")
+    import json
+    import urllib.error
+    import urllib.request
+
+    collector, receiver, port = start_collector()
+    srv = serve(
+        demo_repo,
+        openai__listen="127.0.0.1:0",
+        tracing__enabled=True,
+        tracing__otlp_endpoint=f"http://127.0.0.1:{port}",
+    )
+    try:
+        assert srv.server is not None and srv.server.openai is not None
+        url = f"http://127.0.0.1:{srv.server.openai.port}/v1/completions"
+        body = {"model": "tinylm", "prompt": "hi", "max_tokens": 2}
+        headers = {
+            "content-type": "application/json",
+            "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01",
+            "x-request-id": "http-1",
+        }
+        request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+        missing = urllib.request.Request(
+            url, json.dumps({**body, "model": "nope"}).encode(), {"x-request-id": "http-2"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(missing, timeout=30)
+        assert caught.value.code == 404
+    finally:
+        srv.stop()  # flushes the batch of spans
+        receiver.stop(0)
+    by_request = {attributes(s)["tensord.request_id"]: s for _, s in collector.spans()}
+    served = by_request["http-1"]
+    assert served.name == "POST /v1/completions" and served.kind == served.SPAN_KIND_SERVER
+    assert served.trace_id.hex() == TRACE_ID and served.parent_span_id.hex() == PARENT_ID
+    assert attributes(served) == {
+        "http.request.method": "POST",
+        "http.route": "/v1/completions",
+        "http.response.status_code": 200,
+        "url.scheme": "http",
+        "tensord.status": "OK",
+        "tensord.model": "tinylm",
+        "tensord.request_id": "http-1",
+    }
+    not_found = by_request["http-2"]
+    assert attributes(not_found)["http.response.status_code"] == 404
+    assert attributes(not_found)["tensord.status"] == "NOT_FOUND"
+    assert not_found.status.code == not_found.status.STATUS_CODE_UNSET  # the caller's doing

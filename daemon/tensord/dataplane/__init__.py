@@ -3,6 +3,7 @@ transport converts its messages to and from (types.py). Nothing here knows proto
 
 from tensord.dataplane.plane import NOT_SERVING, DataPlane
 from tensord.dataplane.types import (
+    MAX_LOGPROBS,
     BatchingSnapshot,
     EngineStats,
     ExecutorSnapshot,
@@ -18,14 +19,17 @@ from tensord.dataplane.types import (
     ProcessingReport,
     Readiness,
     RequestOutput,
+    RequestStats,
     SamplingParams,
     ServerInfo,
     TensorSpec,
+    TokenLogprob,
 )
 from tensord.registry.changes import RepositoryChanges
 from tensord.registry.registry import BackendFactory, default_backend_factory
 
 __all__ = [
+    "MAX_LOGPROBS",
     "NOT_SERVING",
     "BackendFactory",
     "BatchingSnapshot",
@@ -45,8 +49,10 @@ __all__ = [
     "Readiness",
     "RepositoryChanges",
     "RequestOutput",
+    "RequestStats",
     "SamplingParams",
     "ServerInfo",
     "TensorSpec",
+    "TokenLogprob",
     "default_backend_factory",
 ]

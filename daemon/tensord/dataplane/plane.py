@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import platform
-from collections.abc import AsyncGenerator, Callable
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,12 @@ from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.changes import RepositoryChanges
 from tensord.registry.readiness import Readiness, judge
 from tensord.registry.registry import BackendFactory, ModelRegistry, default_backend_factory
-from tensord.registry.version import GeneratorVersion, ModelState, PredictVersion
+from tensord.registry.version import (
+    GeneratorVersion,
+    ModelState,
+    PredictVersion,
+    RequestStats,
+)
 
 NOT_SERVING = "the server is starting or draining; retry shortly"
 """What a call gets while the server does not serve (UNAVAILABLE: clients retry)."""
@@ -65,6 +71,23 @@ async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory) -> list
     if len(call.prompt) > _INLINE_TOKENIZE_CHARS:
         return await asyncio.to_thread(directory.encode_prompt, call.prompt)
     return directory.encode_prompt(call.prompt)
+
+
+def _rows(inputs: Mapping[str, np.ndarray]) -> int:
+    """A batching model's request: its rows along dimension 0."""
+    return next((int(a.shape[0]) for a in inputs.values() if a.ndim), 1)
+
+
+def _count(stats: RequestStats, start: float, ok: bool) -> None:
+    """One predict request ended, started at perf_counter() `start`."""
+    elapsed = time.perf_counter() - start
+    if ok:
+        stats.succeeded += 1
+        stats.succeeded_s += elapsed
+    else:
+        stats.failed += 1
+        stats.failed_s += elapsed
+    stats.last_ms = time.time_ns() // 1_000_000
 
 
 class DataPlane:
@@ -123,6 +146,8 @@ class DataPlane:
             raise UnavailableError(
                 f"model {entry.name!r} version {entry.version} is {entry.state.name}"
             )
+        rows = _rows(inputs) if entry.config.max_batch_size else 1
+        start = time.perf_counter()
         # Counted from here, before the first await: a reload frees a swapped-out version
         # only after the requests it holds have finished.
         with entry.inflight:
@@ -135,9 +160,16 @@ class DataPlane:
                     )
                 else:  # dimension 0 is not a batch: its rows may not be run apart
                     result = await executor.run([inputs], names, call.deadline)
-            except DeviceLostError as exc:
-                self.on_device_lost(exc)
+            except BaseException as exc:
+                _count(entry.requests, start, ok=False)
+                if isinstance(exc, DeviceLostError):
+                    self.on_device_lost(exc)
                 raise
+        stats = entry.requests
+        _count(stats, start, ok=True)
+        stats.rows += rows
+        stats.queue_s += result.queue_s
+        stats.compute_s += result.compute_s
         return PredictResult(
             entry.name,
             entry.version,
@@ -197,6 +229,18 @@ class DataPlane:
         else:
             encoded = tokenizer.encode(text, add_special_tokens=False)
         return list(encoded.ids)
+
+    def token_texts(self, model: str, version: int) -> Callable[[Sequence[int]], list[str]]:
+        """How each token of the version a Generate call would use reads on its own (for
+        showing log probabilities): its tokenizer decoding one token at a time, special
+        tokens kept. Taken with no await before the call, it is the same version's."""
+        _, engine = self._generator(model, version)
+        tokenizer = engine.directory.tokenizer
+
+        def texts(ids: Sequence[int]) -> list[str]:
+            return tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+
+        return texts
 
     def _generator(self, model: str, version: int) -> tuple[GeneratorVersion, GenerationEngine]:
         """The version a Generate call names and its engine: PERMISSION_DENIED, NOT_FOUND,

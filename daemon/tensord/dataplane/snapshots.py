@@ -7,6 +7,7 @@ runs of a model may execute at once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from tensord.dataplane.types import (
@@ -60,6 +61,7 @@ def model_snapshot(mv: ModelVersion, redact: Callable[[str], str] = str) -> Mode
 
 def _add_predict(snapshot: ModelSnapshot, mv: PredictVersion) -> None:
     """What a predict model shows beyond what every version has."""
+    snapshot.requests = dataclasses.replace(mv.requests)
     if mv.executor is not None:
         snapshot.executor = mv.executor.kind
         snapshot.executor_status = ExecutorSnapshot(mv.executor.stats(), mv.executor.reason)

@@ -15,14 +15,15 @@ import numpy as np
 from tensord.backends.base import TensorSpec
 from tensord.devices import CpuReport, GpuReport
 from tensord.executor.base import ExecutorStats
-from tensord.generate.core.outputs import RequestOutput
-from tensord.generate.core.sampling_params import SamplingParams
+from tensord.generate.core.outputs import RequestOutput, TokenLogprob
+from tensord.generate.core.sampling_params import DEFAULT_MAX_LOGPROBS, SamplingParams
 from tensord.generate.engine.engine import EngineStats
 from tensord.processing.host import ProcessingReport
 from tensord.registry.readiness import Readiness
-from tensord.registry.version import ModelState
+from tensord.registry.version import ModelState, RequestStats
 
 __all__ = [
+    "MAX_LOGPROBS",
     "BatchingSnapshot",
     "EngineStats",
     "ExecutorSnapshot",
@@ -38,10 +39,15 @@ __all__ = [
     "ProcessingReport",
     "Readiness",
     "RequestOutput",
+    "RequestStats",
     "SamplingParams",
     "ServerInfo",
     "TensorSpec",
+    "TokenLogprob",
 ]
+
+MAX_LOGPROBS = DEFAULT_MAX_LOGPROBS
+"""The most alternatives a request may ask to see per token."""
 
 
 @dataclass(slots=True)
@@ -173,6 +179,8 @@ class ModelSnapshot:
     preprocess: ProcessingReport | None = None
     postprocess: ProcessingReport | None = None
     dynamic_batching: BatchingSnapshot | None = None
+    requests: RequestStats | None = None
+    """A predict model's requests so far (a copy)."""
 
 
 @dataclass(slots=True)

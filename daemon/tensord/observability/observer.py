@@ -7,13 +7,13 @@ With metrics and tracing both off the server has no observer and pays nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
 from tensord.observability.metrics import RequestMetrics
-from tensord.observability.tracing import RpcTracer
+from tensord.observability.tracing import HttpExchange, RpcTracer
 
 # A model label for names the registry does not know: a client cannot mint label values.
 UNKNOWN_MODEL = "_unknown"
@@ -41,16 +41,21 @@ class RequestObserver:
         request_id: str,
         context: Any = None,
         message: str = "",
+        http: tuple[HttpExchange, Sequence[tuple[str, str]]] | None = None,
     ) -> None:
         """One call ended with `code` after `elapsed_s` seconds; `context` is its
-        ServicerContext (the tracer reads the caller's traceparent from it)."""
+        ServicerContext (the tracer reads the caller's traceparent from it); `http` for a
+        call over HTTP: its method, route and status, and its headers (instead of
+        `context`)."""
         if model and code is not grpc.StatusCode.OK and not self._known(model):
             model = UNKNOWN_MODEL
         if self.metrics is not None:
             self.metrics.finished(rpc, model, code.name, elapsed_s)
         if self.tracer is not None:
-            metadata = context.invocation_metadata() if context is not None else None
-            self.tracer.record(rpc, model, code, elapsed_s, request_id, metadata, message)
+            exchange, metadata = http if http is not None else (None, None)
+            if context is not None:
+                metadata = context.invocation_metadata()
+            self.tracer.record(rpc, model, code, elapsed_s, request_id, metadata, message, exchange)
 
     def predict_timings(self, model: str, queue_s: float, compute_s: float) -> None:
         """Where a served Predict's time went."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -26,6 +27,16 @@ _SERVICE_RPCS = frozenset({"Predict", "Generate", "Health", "Info"})
 _ERROR_CODES = frozenset(
     {"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"}
 )
+
+
+@dataclass(slots=True, frozen=True)
+class HttpExchange:
+    """An HTTP request's part of its span (the OpenAI-compatible API): the method, the
+    route, the response's status."""
+
+    method: str
+    route: str
+    status: int
 
 
 class RpcTracer:
@@ -67,29 +78,47 @@ class RpcTracer:
         request_id: str,
         metadata: Sequence[tuple[str, Any]] | None,
         message: str = "",
+        http: HttpExchange | None = None,
     ) -> None:
-        """One finished call: `code` is a grpc.StatusCode, `elapsed_s` its duration."""
+        """One finished call: `code` is a grpc.StatusCode, `elapsed_s` its duration;
+        `metadata` the gRPC metadata or HTTP headers (a `traceparent` there is the
+        parent); `http` for a call that came over HTTP, named and marked by HTTP's
+        conventions instead of gRPC's."""
         end = time.time_ns()
-        carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
+        carrier = {k.lower(): v for k, v in metadata or () if isinstance(v, str)}
         parent = self._propagator.extract(carrier) if "traceparent" in carrier else None
-        service = SERVICE if rpc in _SERVICE_RPCS else KSERVE_SERVICE
-        attributes: dict[str, str | int] = {
-            "rpc.system": "grpc",
-            "rpc.service": service,
-            "rpc.method": rpc,
-            "rpc.grpc.status_code": int(code.value[0]),
-            "tensord.request_id": request_id,
-        }
+        attributes: dict[str, str | int]
+        if http is None:
+            service = SERVICE if rpc in _SERVICE_RPCS else KSERVE_SERVICE
+            name = f"{service}/{rpc}"
+            attributes = {
+                "rpc.system": "grpc",
+                "rpc.service": service,
+                "rpc.method": rpc,
+                "rpc.grpc.status_code": int(code.value[0]),
+            }
+            error = code.name in _ERROR_CODES
+        else:  # OpenTelemetry's HTTP server conventions: 5xx is the server's failure
+            name = f"{http.method} {http.route}"
+            attributes = {
+                "http.request.method": http.method,
+                "http.route": http.route,
+                "http.response.status_code": http.status,
+                "url.scheme": "http",
+                "tensord.status": code.name,
+            }
+            error = http.status >= 500 or code.name in _ERROR_CODES  # also mid-stream
+        attributes["tensord.request_id"] = request_id
         if model:
             attributes["tensord.model"] = model
         span = self._tracer.start_span(
-            f"{service}/{rpc}",
+            name,
             context=parent,
             kind=self._kind,
             attributes=attributes,
             start_time=end - int(elapsed_s * 1e9),
         )
-        if code.name in _ERROR_CODES:
+        if error:
             span.set_status(self._status(self._error, f"{code.name}: {message}"))
         span.end(end_time=end)
 

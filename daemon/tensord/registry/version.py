@@ -56,6 +56,26 @@ class VersionBase:
 
 
 @dataclass(slots=True)
+class RequestStats:
+    """What a predict version's requests came to, whatever protocol brought them: counted
+    by the data plane as each ends (one thread, the event loop's)."""
+
+    succeeded: int = 0
+    succeeded_s: float = 0.0
+    """Their whole time, from the data plane's receipt to the answer."""
+    failed: int = 0
+    failed_s: float = 0.0
+    queue_s: float = 0.0
+    """Of the succeeded ones: time waiting for a batch or a lane."""
+    compute_s: float = 0.0
+    """Of the succeeded ones: time their runs took."""
+    rows: int = 0
+    """Inferences: rows along dimension 0 for a batching model, else one per request."""
+    last_ms: int = 0
+    """When the last one ended, in milliseconds since the epoch (0: none yet)."""
+
+
+@dataclass(slots=True)
 class PredictVersion(VersionBase):
     """A predict model: tensors in, tensors out, run by an executor."""
 
@@ -66,6 +86,7 @@ class PredictVersion(VersionBase):
     """Groups requests into batches when model.toml has [dynamic_batching]."""
     processing: list[ProcessingReport] = field(default_factory=list)
     """Pre- and postprocessing steps, and whether kernels or twins run them."""
+    requests: RequestStats = field(default_factory=RequestStats)
 
 
 @dataclass(slots=True)

@@ -102,21 +102,24 @@ def config_response(m: ModelSnapshot) -> pb.ModelConfigResponse:
 
 
 def model_statistics(m: ModelSnapshot) -> pb.ModelStatistics:
-    """What tensord counts of a version: runs (execution_count), failed runs, busy time
-    (compute_infer) and, with dynamic batching, rows and requests; the rest stays zero."""
+    """What tensord counts of a version, as Triton counts it: per request, successes and
+    failures with their whole time, and the succeeded ones' queue and compute time
+    (compute_input and compute_output are inside compute_infer: tensord does not time them
+    apart); inferences (rows) and runs (execution_count); the rest stays zero."""
     stats = pb.ModelStatistics(name=m.name, version=str(m.version))
-    status = m.executor_status
-    if status is not None:
-        lanes = status.stats.lanes
-        runs = sum(lane.runs for lane in lanes)
-        failed = sum(lane.failed for lane in lanes)
-        stats.execution_count = runs
+    if m.executor_status is not None:
+        stats.execution_count = sum(lane.runs for lane in m.executor_status.stats.lanes)
+    r = m.requests
+    if r is not None:
         infer = stats.inference_stats
-        infer.compute_infer.count = runs - failed
-        infer.compute_infer.ns = int(sum(lane.busy_s for lane in lanes) * 1e9)
-        infer.fail.count = failed
-    b = m.dynamic_batching
-    if b is not None and b.served:
-        stats.inference_count = b.rows
-        stats.inference_stats.success.count = b.requests
+        for duration, count, seconds in (
+            (infer.success, r.succeeded, r.succeeded_s),
+            (infer.fail, r.failed, r.failed_s),
+            (infer.queue, r.succeeded, r.queue_s),
+            (infer.compute_infer, r.succeeded, r.compute_s),
+        ):
+            duration.count = count
+            duration.ns = int(seconds * 1e9)
+        stats.inference_count = r.rows
+        stats.last_inference = r.last_ms
     return stats

@@ -257,15 +257,34 @@ class ChatTemplate:
     """(name, text) pairs: bos_token, eos_token, ... and additional_special_tokens."""
 
 
-def read_chat_template(tokenizer_config: JsonFile) -> ChatTemplate | None:
-    """The model's chat template as transformers picks it (a string, or the template named
-    "default" of a list of named ones); None when tokenizer_config.json has none it can
-    use (the model then serves no chat; its other calls are unaffected)."""
-    value = tokenizer_config.data.get("chat_template")
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""The template file newer exports write beside tokenizer_config.json; when present it
+wins over the config's chat_template, as in transformers."""
+MAX_CHAT_TEMPLATE_BYTES = 1 << 20
+
+
+def read_chat_template(
+    tokenizer_config: JsonFile, template_file: Path | None = None
+) -> ChatTemplate | None:
+    """The model's chat template as transformers picks it: `template_file`
+    (chat_template.jinja) when given, else tokenizer_config.json's chat_template (a string,
+    or the template named "default" of a list of named ones); None when neither has one it
+    can use (the model then serves no chat; its other calls are unaffected)."""
+    value: Any
+    if template_file is not None:
+        raw = read_regular_file(
+            template_file, MAX_CHAT_TEMPLATE_BYTES, ModelLoadError, "a Jinja chat template"
+        )
+        try:
+            value = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ModelLoadError(f"{template_file}: not UTF-8 text: {exc}") from None
+    else:
+        value = tokenizer_config.data.get("chat_template")
     if isinstance(value, list):
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
         value = named.get("default")
-    if not isinstance(value, str):
+    if not isinstance(value, str) or not value.strip():
         return None
     tokens: list[tuple[str, str | tuple[str, ...]]] = []
     for name in _SPECIAL_TOKENS:

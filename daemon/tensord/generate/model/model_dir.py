@@ -7,6 +7,7 @@
   generation_config.json   optional: eos/bos/pad ids and default sampling values
   tokenizer_config.json    optional: add_bos_token, bos_token, eos_token, pad_token,
                            chat_template
+  chat_template.jinja      optional: the chat template (wins over tokenizer_config's)
 
 `load_generator_dir` reads all of it into a frozen `GeneratorSpec` plus the tokenizer. Every
 problem is a ModelLoadError that names the file and the field. The ONNX graph is read
@@ -33,6 +34,7 @@ from tensord.generate.model.graph_io import (
     read_decoder_graph,
 )
 from tensord.generate.model.hf_config import (
+    CHAT_TEMPLATE_FILE,
     ChatTemplate,
     GenerationDefaults,
     JsonFile,
@@ -324,7 +326,9 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
         pad_token_id=ids.pad,
         defaults=read_generation_defaults(generation),
         notes=tuple(notes),
-        chat_template=read_chat_template(tokenizer_config),
+        chat_template=read_chat_template(
+            tokenizer_config, _optional(directory, CHAT_TEMPLATE_FILE)
+        ),
         **shape,
     )
     return GeneratorDirectory(spec, tokenizer, _max_token_bytes(tokenizer))

@@ -4,10 +4,11 @@ INVALID_ARGUMENT that names the field (`param`), and nothing the server cannot d
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensord.dataplane import SamplingParams
+from tensord.dataplane import MAX_LOGPROBS, SamplingParams
 from tensord.errors import InvalidArgumentError
 
 _IGNORED = frozenset({"user", "metadata", "store", "service_tier"})
@@ -75,6 +76,9 @@ class GenerationRequest:
     prompt: str = ""
     prompt_token_ids: list[int] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: int | None = None
+    """Alternatives to show per token with its log probability; None: no log
+    probabilities."""
 
 
 def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str) -> Any:
@@ -108,9 +112,6 @@ def _refuse_unsupported(body: dict[str, Any], known: frozenset[str]) -> None:
             raise RequestError(
                 f"{name} is not supported (use repetition_penalty, as in vLLM)", name
             )
-    if body.get("logprobs") or body.get("top_logprobs"):
-        param = "logprobs" if body.get("logprobs") else "top_logprobs"
-        raise RequestError("log probabilities are not supported by this API yet", param)
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -122,6 +123,27 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         return tuple(stop)
     raise RequestError("stop must be a string or a list of strings", "stop")
+
+
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    """Completions' `logprobs`: how many alternatives each token shows (0: only its own)."""
+    value = _typed(body, "logprobs", (int,), "an integer")
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise RequestError(f"logprobs is {value}: it must be in [0, {MAX_LOGPROBS}]", "logprobs")
+    return value
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat's `logprobs` (whether to show them) and `top_logprobs` (alternatives)."""
+    wanted = _typed(body, "logprobs", (bool,), "a boolean")
+    top = _typed(body, "top_logprobs", (int,), "an integer")
+    if top is not None and not wanted:
+        raise RequestError("top_logprobs needs logprobs: true", "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise RequestError(
+            f"top_logprobs is {top}: it must be in [0, {MAX_LOGPROBS}]", "top_logprobs"
+        )
+    return (top or 0) if wanted else None
 
 
 def _sampling(body: dict[str, Any], max_tokens_field: str = "max_tokens") -> SamplingParams:
@@ -141,7 +163,9 @@ def _sampling(body: dict[str, Any], max_tokens_field: str = "max_tokens") -> Sam
     )
 
 
-def _common(body: Any, known: frozenset[str], max_tokens_field: str) -> GenerationRequest:
+def _common(
+    body: Any, known: frozenset[str], max_tokens_field: str, chat: bool
+) -> GenerationRequest:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     _refuse_unsupported(body, known)
@@ -155,13 +179,16 @@ def _common(body: Any, known: frozenset[str], max_tokens_field: str) -> Generati
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise RequestError("stream_options.include_usage must be a boolean", "stream_options")
-    request = GenerationRequest(model, _sampling(body, max_tokens_field), stream, include_usage)
-    return request
+    logprobs = _chat_logprobs(body) if chat else _completion_logprobs(body)
+    sampling = _sampling(body, max_tokens_field)
+    if logprobs is not None:  # the engine reports a token's own log probability with its top 1
+        sampling = dataclasses.replace(sampling, logprobs=max(1, logprobs))
+    return GenerationRequest(model, sampling, stream, include_usage, logprobs=logprobs)
 
 
 def completion_request(body: Any) -> GenerationRequest:
     """A /v1/completions body: one prompt, as text or token ids."""
-    request = _common(body, _COMPLETION_FIELDS, "max_tokens")
+    request = _common(body, _COMPLETION_FIELDS, "max_tokens", chat=False)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -184,7 +211,7 @@ def completion_request(body: Any) -> GenerationRequest:
 
 def chat_request(body: Any) -> GenerationRequest:
     """A /v1/chat/completions body: the messages, their content as text."""
-    request = _common(body, _CHAT_FIELDS, "max_completion_tokens")
+    request = _common(body, _CHAT_FIELDS, "max_completion_tokens", chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", "messages")

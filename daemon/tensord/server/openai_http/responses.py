@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
-from tensord.dataplane import RequestOutput
+from tensord.dataplane import RequestOutput, TokenLogprob
 
 HTTP_STATUS = {
     grpc.StatusCode.CANCELLED: 499,
@@ -67,14 +68,81 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+_LOWEST_LOGPROB = -9999.0
+"""What a log probability of minus infinity is written as (JSON has no infinities)."""
+
+
+class Logprobs:
+    """The `logprobs` of a request's choices: per token its text, log probability and the
+    `top` most likely alternatives; completions in the legacy shape (tokens,
+    token_logprobs, top_logprobs, text_offset), chat as a list of token objects."""
+
+    def __init__(self, chat: bool, top: int, texts: Callable[[Sequence[int]], list[str]]) -> None:
+        self.chat = chat
+        self.top = top
+        self.texts = texts
+        self.offset = 0
+        """Completions: where the next token's text starts in the completion."""
+
+    def of(self, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """The `logprobs` object of these tokens (a chunk's, or a whole answer's)."""
+        ids = {lp.token_id for lp in logprobs}
+        ids.update(t for lp in logprobs for t, _ in lp.top[: self.top])
+        order = sorted(ids)
+        text = dict(zip(order, self.texts(order), strict=True))
+        if self.chat:
+            return {"content": [self._chat_token(lp, text) for lp in logprobs]}
+        tokens = [text[lp.token_id] for lp in logprobs]
+        offsets = []
+        for token in tokens:
+            offsets.append(self.offset)
+            self.offset += len(token)
+        tops = []
+        for lp in logprobs:
+            top = {text[t]: _finite(p) for t, p in lp.top[: self.top]}
+            top.setdefault(text[lp.token_id], _finite(lp.logprob))  # as vLLM: the chosen too
+            tops.append(top)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [_finite(lp.logprob) for lp in logprobs],
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+    def _chat_token(self, lp: TokenLogprob, text: dict[int, str]) -> dict[str, Any]:
+        entry = _chat_entry(text[lp.token_id], lp.logprob)
+        entry["top_logprobs"] = [_chat_entry(text[t], p) for t, p in lp.top[: self.top]]
+        return entry
+
+
+def _chat_entry(token: str, logprob: float) -> dict[str, Any]:
+    return {
+        "token": token,
+        "logprob": _finite(logprob),
+        "bytes": list(token.encode("utf-8", errors="replace")),
+    }
+
+
+def _finite(logprob: float) -> float:
+    return max(float(logprob), _LOWEST_LOGPROB)
+
+
 class Shapes:
     """The objects of one request: a completion or a chat completion, whole or in chunks."""
 
-    def __init__(self, chat: bool, model: str, request_id: str) -> None:
+    def __init__(
+        self, chat: bool, model: str, request_id: str, logprobs: Logprobs | None = None
+    ) -> None:
         self.chat = chat
         self.model = model
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.created = int(time.time())
+        self.logprobs = logprobs
+
+    def _logprobs(self, chunk: RequestOutput | None) -> dict[str, Any] | None:
+        if self.logprobs is None or chunk is None:
+            return None
+        return self.logprobs.of(chunk.logprobs or ())
 
     def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -85,13 +153,17 @@ class Shapes:
             "choices": choices,
         }
 
-    def whole(self, text: str, finish_reason: str | None, counts: dict[str, int]) -> dict[str, Any]:
-        """The non-streamed answer."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def whole(self, output: RequestOutput, counts: dict[str, int]) -> dict[str, Any]:
+        """The non-streamed answer: `output` holds every chunk merged."""
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": self._logprobs(output),
+            "finish_reason": output.finish_reason,
+        }
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": output.text}
         else:
-            choice["text"] = text
+            choice["text"] = output.text
         kind = "chat.completion" if self.chat else "text_completion"
         return {**self._object(kind, [choice]), "usage": counts}
 
@@ -102,7 +174,11 @@ class Shapes:
         stream's opening chunk, which names the role)."""
         text = chunk.text if chunk is not None else ""
         reason = chunk.finish_reason if chunk is not None else None
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": self._logprobs(chunk),
+            "finish_reason": reason,
+        }
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
         else:

@@ -22,6 +22,7 @@ from tensord.access import current_principal
 from tensord.dataplane import DataPlane, GenerateCall, RequestOutput
 from tensord.errors import RateLimitedError, ResourceExhaustedError
 from tensord.observability import RequestObserver
+from tensord.observability.tracing import HttpExchange
 from tensord.server.auth import AUTHORIZATION, Authenticator
 from tensord.server.context import (
     REQUEST_ID,
@@ -37,7 +38,13 @@ from tensord.server.openai_http.requests import (
     chat_request,
     completion_request,
 )
-from tensord.server.openai_http.responses import HTTP_STATUS, Shapes, error_body, usage
+from tensord.server.openai_http.responses import (
+    HTTP_STATUS,
+    Logprobs,
+    Shapes,
+    error_body,
+    usage,
+)
 from tensord.server.openai_http.stream import EventStream, events
 
 log = structlog.get_logger("tensord.request")
@@ -56,12 +63,17 @@ class Gone(Response):
 class Call:
     """One HTTP request's bookkeeping: its id, the model once known, when it started."""
 
-    def __init__(self, request: Request, rpc: str) -> None:
+    def __init__(self, request: Request, rpc: str, route: str) -> None:
         given = request.headers.get(REQUEST_ID)
         self.id: str = given if given is not None and sane_request_id(given) else new_request_id()
         self.rpc = rpc
         self.model = ""
         self.start = time.perf_counter()
+        self.method = request.method
+        self.route = route
+        self.headers = request.headers.items()
+        self.status = 200
+        """The response's HTTP status (a stream's stays 200 whatever ends it)."""
 
 
 class OpenAIRoutes:
@@ -87,23 +99,17 @@ class OpenAIRoutes:
         """The ASGI application."""
         return Starlette(
             routes=[
-                Route("/v1/models", self._wrap("openai.models", self._models), methods=["GET"]),
-                Route(
-                    "/v1/completions",
-                    self._wrap("openai.completions", self._completions),
-                    methods=["POST"],
-                ),
-                Route(
-                    "/v1/chat/completions",
-                    self._wrap("openai.chat_completions", self._chat),
-                    methods=["POST"],
-                ),
+                self._route("GET", "/v1/models", "openai.models", self._models),
+                self._route("POST", "/v1/completions", "openai.completions", self._completions),
+                self._route("POST", "/v1/chat/completions", "openai.chat_completions", self._chat),
             ]
         )
 
-    def _wrap(self, rpc: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    def _route(self, method: str, path: str, rpc: str, handler: Handler) -> Route:
+        """`path` served by `handler`, recorded in metrics and logs as `rpc`."""
+
         async def endpoint(request: Request) -> Response:
-            call = Call(request, rpc)
+            call = Call(request, rpc, path)
             try:
                 self._authenticate(request)
                 response = await handler(request, call)
@@ -115,7 +121,7 @@ class OpenAIRoutes:
             response.headers[REQUEST_ID] = call.id
             return response
 
-        return endpoint
+        return Route(path, endpoint, methods=[method])
 
     def _authenticate(self, request: Request) -> None:
         """As the gRPC interceptor: the caller named by its bearer token, after one request
@@ -130,14 +136,18 @@ class OpenAIRoutes:
         """Metrics and the span of a call that ended with `code`."""
         if self.observer is not None:
             elapsed = time.perf_counter() - call.start
-            self.observer.finished(call.rpc, call.model, code, elapsed, call.id, None, message)
+            http = (HttpExchange(call.method, call.route, call.status), call.headers)
+            self.observer.finished(
+                call.rpc, call.model, code, elapsed, call.id, None, message, http
+            )
 
     def failed(self, call: Call, exc: BaseException) -> Response:
         """The error's log line, metrics, and OpenAI-shaped body."""
         total_ms = round((time.perf_counter() - call.start) * 1e3, 3)
         code, message, _ = failure_status(exc, call.id, call.rpc, total_ms)
-        self.finished(call, code, message)
         status = 413 if isinstance(exc, BodyTooLarge) else HTTP_STATUS.get(code, 500)
+        call.status = status
+        self.finished(call, code, message)
         param = exc.param if isinstance(exc, RequestError) else None
         headers = {}
         if isinstance(exc, RateLimitedError):
@@ -208,13 +218,17 @@ class OpenAIRoutes:
             if self.stream_slots is not None:
                 held.enter_context(self.stream_slots.held())
             generate = GenerateCall(req.model, 0, req.prompt, ids, req.sampling, None, arrival)
+            logprobs = None
+            if req.logprobs is not None:  # the tokenizer of the version generate() takes
+                texts = self.dataplane.token_texts(req.model, 0)
+                logprobs = Logprobs(chat, req.logprobs, texts)
             chunks = self.dataplane.generate(generate)
             held.push_async_callback(chunks.aclose)
             first = await anext(chunks)
         except BaseException:
             await held.aclose()
             raise
-        shapes = Shapes(chat, req.model, call.id)
+        shapes = Shapes(chat, req.model, call.id, logprobs)
         if req.stream:
             ended = self._stream_ended(call, held)
             return EventStream(events(first, chunks, shapes, req.include_usage, ended), ended)
@@ -222,6 +236,7 @@ class OpenAIRoutes:
             whole = await _unless_disconnected(request, _whole(first, chunks, shapes))
         if whole is None:
             log.info("request.cancelled", request_id=call.id, rpc=call.rpc, status="CANCELLED")
+            call.status = 499
             self.finished(call, grpc.StatusCode.CANCELLED)
             return Gone(status_code=499)
         return JSONResponse(whole)
@@ -285,4 +300,4 @@ async def _whole(
     async for chunk in chunks:
         first.merge(chunk)
     counts = usage(first.usage.prompt_tokens, first.usage.completion_tokens) if first.usage else {}
-    return shapes.whole(first.text, first.finish_reason, counts)
+    return shapes.whole(first, counts)
