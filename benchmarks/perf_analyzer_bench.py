@@ -122,7 +122,17 @@ def perf_analyzer(sysroot: Path, binary: Path, target: str, model: str, n: int) 
     }
     if not all(found.values()):
         raise RuntimeError(f"perf_analyzer measured nothing; it said:\n{done.stdout[-3000:]}")
-    return {"concurrency": n, **{k: float(m.group(1)) for k, m in found.items() if m}}
+    result = {"concurrency": n, **{k: float(m.group(1)) for k, m in found.items() if m}}
+    server = done.stdout.rsplit("Server:", 1)[-1]
+    times = re.search(
+        r"Avg request latency: (\d+) usec \(overhead (\d+) usec \+ queue (\d+) usec"
+        r".*compute infer (\d+) usec",
+        server,
+    )
+    if times:  # the server's own statistics (ModelStatistics), as perf_analyzer reads them
+        keys = ("server_request_us", "server_overhead_us", "server_queue_us", "server_compute_us")
+        result.update(zip(keys, map(float, times.groups()), strict=True))
+    return result
 
 
 def own_loadgen(procs: ProcessGroup, server: Server, n: int) -> dict[str, Any]:
@@ -150,6 +160,22 @@ def _table(pa: list[dict[str, Any]], own: list[dict[str, Any]]) -> str:
             f"{a['p99_us'] / 1e3:.2f} | {b['infer_per_s']:,.0f} | {(b['p50_us'] or 0) / 1e3:.2f} "
             f"| {(b['p99_us'] or 0) / 1e3:.2f} |"
         )
+    served = [a for a in pa if "server_request_us" in a]
+    if served:
+        lines += [
+            "",
+            "The daemon's own statistics (ModelStatistics), as perf_analyzer reports them, µs",
+            "per request:",
+            "",
+            "| in flight | in the daemon | overhead | queue | compute |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {a['concurrency']} | {a['server_request_us']:.0f} | "
+            f"{a['server_overhead_us']:.0f} | {a['server_queue_us']:.0f} | "
+            f"{a['server_compute_us']:.0f} |"
+            for a in served
+        ]
     return "\n".join(lines)
 
 

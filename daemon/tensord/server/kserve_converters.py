@@ -105,7 +105,7 @@ def model_statistics(m: ModelSnapshot) -> pb.ModelStatistics:
     """What tensord counts of a version, as Triton counts it: per request, successes and
     failures with their whole time, and the succeeded ones' queue and compute time
     (compute_input and compute_output are inside compute_infer: tensord does not time them
-    apart); inferences (rows) and runs (execution_count); the rest stays zero."""
+    apart, so they count requests with no time); inferences (rows) and runs (execution_count); the rest stays zero."""
     stats = pb.ModelStatistics(name=m.name, version=str(m.version))
     if m.executor_status is not None:
         stats.execution_count = sum(lane.runs for lane in m.executor_status.stats.lanes)
@@ -117,6 +117,9 @@ def model_statistics(m: ModelSnapshot) -> pb.ModelStatistics:
             (infer.fail, r.failed, r.failed_s),
             (infer.queue, r.succeeded, r.queue_s),
             (infer.compute_infer, r.succeeded, r.compute_s),
+            # Counted, with no time of their own: perf_analyzer needs the three counts equal.
+            (infer.compute_input, r.succeeded, 0.0),
+            (infer.compute_output, r.succeeded, 0.0),
         ):
             duration.count = count
             duration.ns = int(seconds * 1e9)
