@@ -239,7 +239,8 @@ class OpenAISettings(Settings):
     """HOST:PORT of the HTTP endpoint that serves `/v1/models`, `/v1/completions` and
     `/v1/chat/completions` (the `openai-api` extra: Starlette and uvicorn); empty (the
     default): not served. Port 0 picks a free port. The same tokens, permissions and
-    limits apply as on the gRPC port; it serves plain HTTP (put a TLS proxy in front)."""
+    limits apply as on the gRPC port; with `[tls]` on it serves HTTPS with the same
+    certificate, key and client CA (reloaded with them), else plain HTTP."""
 
     @field_validator("listen")
     @classmethod

@@ -194,3 +194,61 @@ def test_a_fifo_or_an_oversized_certificate_file_is_refused_at_reload(
         assert healthy(srv, TLSOptions(pki.ca.cert_file))
     finally:
         srv.stop()
+
+
+def _https_status(port: int, ca: Path, client_pair: Issued | None) -> int:
+    """GET /v1/models over HTTPS trusting `ca`, with a client certificate when given."""
+    import http.client
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(ca))
+    if client_pair is not None:
+        context.load_cert_chain(client_pair.cert_file, client_pair.key_file)
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    try:
+        connection.request("GET", "/v1/models")
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_the_openai_port_serves_https_with_the_same_files(
+    small_repo: Path, pki: PKI, tmp_path: Path
+) -> None:
+    """[tls] covers the HTTP API too: the same certificate, client CA and reloads."""
+    pytest.importorskip("starlette")
+    import ssl
+
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    cert.write_bytes(pki.server.cert_pem)
+    key.write_bytes(pki.server.key_pem)
+    srv = serve(
+        small_repo,
+        tls__cert_file=cert,
+        tls__key_file=key,
+        tls__client_ca_file=pki.ca.cert_file,
+        openai__listen="127.0.0.1:0",
+    )
+    try:
+        assert srv.server is not None and srv.server.openai is not None
+        port = srv.server.openai.port
+        assert _https_status(port, pki.ca.cert_file, pki.client) == 200
+        for ca, pair in ((pki.ca.cert_file, None), (pki.ca.cert_file, pki.stranger)):
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                _https_status(port, ca, pair)  # no client certificate, or one from elsewhere
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _https_status(port, pki.other_ca.cert_file, pki.client)
+        renewed = pki.other_ca.issue("tensord.test", server=True, stem="renewed-http")
+        cert.write_bytes(renewed.cert_pem)
+        key.write_bytes(renewed.key_pem)
+        srv.server.security.reload()
+        assert _https_status(port, pki.other_ca.cert_file, pki.client) == 200
+        with pytest.raises(ssl.SSLCertVerificationError):
+            _https_status(port, pki.ca.cert_file, pki.client)
+        with Client(srv.target, timeout=10, retries=0, tls=TLSOptions(
+            pki.other_ca.cert_file, certificate_chain=pki.client.cert_file,
+            private_key=pki.client.key_file,
+        )) as c:  # fmt: skip
+            assert dict(c.info().endpoints)["openai"] == f"https://127.0.0.1:{port}/v1"
+    finally:
+        srv.stop()

@@ -156,7 +156,9 @@ class TensordServer:
             self.security.stream_limit,
             self.config.server.max_receive_message_bytes,
         )
-        return OpenAIServer(routes, self.config.openai.listen)
+        tls = self.security.tls
+        context = tls.ssl_context() if tls is not None else None
+        return OpenAIServer(routes, self.config.openai.listen, context)
 
     async def start(self) -> int:
         """Listen (health NOT_SERVING), load every model, then report health by the
@@ -182,7 +184,8 @@ class TensordServer:
         self._servicer.endpoints = [(name, address) for name in self.reflection.service_names]
         if self.openai is not None:
             host = self.openai.listen.rsplit(":", 1)[0]
-            self._servicer.endpoints.append(("openai", f"http://{host}:{self.openai.port}/v1"))
+            scheme = "https" if self.openai.ssl_context else "http"
+            self._servicer.endpoints.append(("openai", f"{scheme}://{host}:{self.openai.port}/v1"))
         log.info(
             "server.listening",
             listen=listen,

@@ -105,7 +105,8 @@ def model_statistics(m: ModelSnapshot) -> pb.ModelStatistics:
     """What tensord counts of a version, as Triton counts it: per request, successes and
     failures with their whole time, and the succeeded ones' queue and compute time
     (compute_input and compute_output are inside compute_infer: tensord does not time them
-    apart, so they count requests with no time); inferences (rows) and runs (execution_count); the rest stays zero."""
+    apart, so they count requests with no time); inferences (rows) and runs
+    (execution_count); the rest stays zero."""
     stats = pb.ModelStatistics(name=m.name, version=str(m.version))
     if m.executor_status is not None:
         stats.execution_count = sum(lane.runs for lane in m.executor_status.stats.lanes)

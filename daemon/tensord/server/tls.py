@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -93,6 +94,19 @@ def _configuration(files: CertificateFiles) -> grpc.ServerCertificateConfigurati
     )
 
 
+def _ssl_context(files: CertificateFiles) -> ssl.SSLContext:
+    """A server SSLContext of these files (TLS 1.2 or later; client certificates required
+    when there is a client CA)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    with _in_memory(files.cert_chain) as cert_path, _in_memory(files.private_key) as key_path:
+        context.load_cert_chain(cert_path, key_path)
+    if files.client_ca is not None:
+        context.load_verify_locations(cadata=files.client_ca.decode("ascii", "replace"))
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 class ServerTLS:
     """The server's TLS credentials; `reload()` swaps certificates for new connections.
 
@@ -106,6 +120,8 @@ class ServerTLS:
         self.mutual = settings.client_ca_file is not None
         self._pending: grpc.ServerCertificateConfiguration | None = None
         self._lock = threading.Lock()  # the fetcher runs on gRPC's threads
+        self._ssl: ssl.SSLContext | None = None
+        """The newest SSLContext of the files, once another listener asked for one."""
         self.credentials = grpc.dynamic_ssl_server_credentials(
             _configuration(self.files),
             self._fetch,
@@ -125,11 +141,30 @@ class ServerTLS:
         if (settings.client_ca_file is not None) != self.mutual:
             raise ConfigError("tls: turning mutual TLS on or off (client_ca_file) needs a restart")
         files = read_certificates(settings)
+        context = _ssl_context(files) if self._ssl is not None else None
         with self._lock:
             self._pending = _configuration(files)
             self.files, self.settings = files, settings
+            if context is not None:
+                self._ssl = context
         log.info(
             "tls.reloaded",
             cert_file=str(settings.cert_file),
             client_ca_file=str(settings.client_ca_file) if settings.client_ca_file else None,
         )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """An SSLContext for another listener on these files (the OpenAI HTTP port): each
+        handshake switches to the context of the newest files, so a reload reaches it as it
+        reaches the gRPC port."""
+        self._ssl = _ssl_context(self.files)
+        outer = _ssl_context(self.files)
+        outer.set_alpn_protocols(["http/1.1"])
+
+        def newest(connection: Any, server_name: str | None, context: ssl.SSLContext) -> None:
+            current = self._ssl
+            if current is not None:
+                connection.context = current
+
+        outer.sni_callback = newest
+        return outer

@@ -1,12 +1,14 @@
 """The API's HTTP server: uvicorn serving the routes as a task of the daemon's own event
 loop, on a socket bound before it starts (a taken port fails the start), stopped by the
-daemon's drain; uvicorn's own signal handling is left out (the daemon owns the signals)."""
+daemon's drain; uvicorn's own signal handling is left out (the daemon owns the signals).
+With [tls] on it serves HTTPS with the gRPC port's certificate (and client CA)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,9 +40,13 @@ class OpenAIServer:
     """start() binds and serves; stop(grace) stops listening, lets requests in progress
     finish within the grace, then cancels the rest."""
 
-    def __init__(self, routes: OpenAIRoutes, listen: str) -> None:
+    def __init__(
+        self, routes: OpenAIRoutes, listen: str, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.routes = routes
         self.listen = listen
+        self.ssl_context = ssl_context
+        """HTTPS with it (the gRPC port's [tls] files); None: plain HTTP."""
         self.port = 0
         self._server: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -63,13 +69,20 @@ class OpenAIServer:
             lifespan="off",
             server_header=False,
         )
+        config.load()
+        config.ssl = self.ssl_context  # uvicorn takes files; this one follows reloads
         self._server = Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.005)
         if self._task.done():
             self._task.result()
-        log.info("openai.listening", listen=self.listen, port=self.port)
+        log.info(
+            "openai.listening",
+            listen=self.listen,
+            port=self.port,
+            scheme="https" if self.ssl_context else "http",
+        )
         return self.port
 
     async def stop(self, grace: float) -> None:
