@@ -26,10 +26,12 @@ from tensord.dataplane.types import (
     GenerateCall,
     HealthReport,
     ModelSnapshot,
+    ModelTable,
     PredictCall,
     PredictResult,
     RequestOutput,
     ServerInfo,
+    TableEntry,
 )
 from tensord.devices import probe_cpu, probe_gpus
 from tensord.errors import (
@@ -280,8 +282,11 @@ class DataPlane:
         self, fields: GenerateFields, name: str, engine: GenerationEngine
     ) -> ResolvedSamplingParams | None:
         """The one admission step (admission.py), against the generator's table entry."""
+        return admit(fields, self._generator_entry(name, engine))
+
+    def _generator_entry(self, name: str, engine: GenerationEngine) -> GeneratorEntry:
         spec = engine.directory.spec
-        entry = GeneratorEntry(
+        return GeneratorEntry(
             name=name,
             max_model_len=engine.limits.max_model_len,
             vocab_size=spec.vocab_size,
@@ -289,7 +294,22 @@ class DataPlane:
             defaults=engine.defaults,
             max_prompt_tokens=self.max_prompt_tokens,
         )
-        return admit(fields, entry)
+
+    def table(self, loaded: bool) -> ModelTable:
+        """The model table a frontend process serves from: every version's state, the
+        readiness policy's verdict, each READY generator's admission row; `loaded` once the
+        repository was loaded."""
+        entries = []
+        for mv in self.registry.versions():
+            generator, tokenizer = None, ""
+            if isinstance(mv, GeneratorVersion) and mv.engine is not None:
+                generator = self._generator_entry(mv.name, mv.engine)
+                tokenizer = str(mv.engine.directory.spec.tokenizer_path)
+            entries.append(
+                TableEntry(mv.name, mv.version, mv.state, mv.reason, mv.kind, generator, tokenizer)
+            )
+        verdict = judge(self.ready_when, self.registry.versions())
+        return ModelTable(loaded, verdict, tuple(entries))
 
     def readiness(self) -> Readiness:
         """Whether health says SERVING: calls are taken and the readiness policy
@@ -349,7 +369,7 @@ class DataPlane:
             return str
         return functools.partial(redact_paths, root=self.registry.repository)
 
-    def info(self) -> ServerInfo:
+    async def info(self) -> ServerInfo:
         """The server, its devices and providers, and every model version the caller may
         use (server paths in failure reasons only for an operator: authentication off, or a
         token allowed every model)."""
@@ -375,10 +395,10 @@ class DataPlane:
             probe_gpus(),
             available_providers(),
             tensorrt_status()[1],
-            self.model_snapshots(),
+            await self.model_snapshots(),
         )
 
-    def model_snapshots(self, model: str = "") -> list[ModelSnapshot]:
+    async def model_snapshots(self, model: str = "") -> list[ModelSnapshot]:
         """Every version of `model` as Info shows them (PERMISSION_DENIED when the caller may
         not use it, NOT_FOUND when unknown), or of every model the caller may use; no
         device probes, so cheap enough for every metadata call."""

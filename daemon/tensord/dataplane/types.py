@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensord.backends.base import TensorSpec
+from tensord.dataplane.admission import GeneratorEntry
 from tensord.devices import CpuReport, GpuReport
 from tensord.executor.base import ExecutorStats
 from tensord.generate.core.outputs import RequestOutput, TokenLogprob
@@ -34,6 +35,7 @@ __all__ = [
     "ModelHealth",
     "ModelSnapshot",
     "ModelState",
+    "ModelTable",
     "PredictCall",
     "PredictResult",
     "ProcessingReport",
@@ -42,6 +44,7 @@ __all__ = [
     "RequestStats",
     "SamplingParams",
     "ServerInfo",
+    "TableEntry",
     "TensorSpec",
     "TokenLogprob",
 ]
@@ -181,6 +184,34 @@ class ModelSnapshot:
     dynamic_batching: BatchingSnapshot | None = None
     requests: RequestStats | None = None
     """A predict model's requests so far (a copy)."""
+
+
+@dataclass(slots=True, frozen=True)
+class TableEntry:
+    """One model version in the model table: what a frontend answers and checks without
+    asking the engine."""
+
+    name: str
+    version: int
+    state: ModelState
+    reason: str
+    """Why it is not READY, unredacted (a frontend redacts it for its caller)."""
+    kind: str
+    generator: GeneratorEntry | None = None
+    """A READY generator's admission row."""
+    tokenizer_path: str = ""
+    """A READY generator's tokenizer.json."""
+
+
+@dataclass(slots=True, frozen=True)
+class ModelTable:
+    """What the engine publishes to frontends whenever a version's state changes."""
+
+    loaded: bool
+    """The engine has loaded (or failed) every model of the repository once."""
+    readiness: Readiness
+    """The readiness policy's verdict on the versions' states."""
+    versions: tuple[TableEntry, ...] = ()
 
 
 @dataclass(slots=True)

@@ -119,14 +119,14 @@ class KServeServicer:
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Ctx, rid: str
     ) -> pb.ModelMetadataResponse:
-        snapshots = self._dataplane.model_snapshots(_named(request.name))
+        snapshots = await self._dataplane.model_snapshots(_named(request.name))
         return metadata_response(snapshots, pick(snapshots, parse_version(request.version)))
 
     @unary_rpc(pb.ModelConfigRequest)
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: Ctx, rid: str
     ) -> pb.ModelConfigResponse:
-        snapshots = self._dataplane.model_snapshots(_named(request.name))
+        snapshots = await self._dataplane.model_snapshots(_named(request.name))
         return config_response(pick(snapshots, parse_version(request.version)))
 
     @unary_rpc(pb.ModelStatisticsRequest)
@@ -134,7 +134,7 @@ class KServeServicer:
         self, request: pb.ModelStatisticsRequest, context: Ctx, rid: str
     ) -> pb.ModelStatisticsResponse:
         version = parse_version(request.version)
-        snapshots = self._dataplane.model_snapshots(request.name)
+        snapshots = await self._dataplane.model_snapshots(request.name)
         if version:
             snapshots = [pick(snapshots, version)]
         return pb.ModelStatisticsResponse(model_stats=[model_statistics(m) for m in snapshots])

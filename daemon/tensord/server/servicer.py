@@ -132,7 +132,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     @unary_rpc(pb.InfoRequest)
     async def Info(self, request: pb.InfoRequest, context: Ctx, rid: str) -> pb.InfoResponse:
-        response = converters.info_response(self._dataplane.info())
+        response = converters.info_response(await self._dataplane.info())
         response.endpoints.extend(
             pb.Endpoint(protocol=protocol, address=address) for protocol, address in self.endpoints
         )
