@@ -55,11 +55,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _config_from(args)
     configure_logging(config.server.log_format, config.server.log_level)
     try:
+        if args.role is not None:
+            return run(_serve_child(args, config), config.server.event_loop)
+        from tensord.procs.supervisor import frontend_count
+
+        frontends = frontend_count(config)
+        if frontends:
+            return run(_supervise(config, frontends), config.server.event_loop)
         main = _serve(TensordServer, config, lambda: _config_from(args))
         return run(main, config.server.event_loop)
     except (OSError, ModelLoadError, RuntimeError) as exc:
         print(f"tensord: {exc}", file=sys.stderr)
         return 1
+
+
+def _serve_args() -> list[str]:
+    """This process's `serve` arguments without --listen (a child is given the port)."""
+    argv = sys.argv[sys.argv.index("serve") + 1 :] if "serve" in sys.argv else []
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--listen":
+            skip = True
+        elif not arg.startswith("--listen="):
+            kept.append(arg)
+    return kept
+
+
+async def _supervise(config: Any, frontends: int) -> int:
+    from tensord.procs.supervisor import Supervisor
+
+    return await Supervisor(config, _serve_args(), frontends).run()
+
+
+async def _serve_child(args: argparse.Namespace, config: Any) -> int:
+    from tensord.procs.children import run_engine, run_frontend
+
+    if args.control_fd is None:
+        raise RuntimeError("--role needs --control-fd (the supervisor starts its children)")
+    if args.role == "engine":
+        return await run_engine(config, args.control_fd, lambda: _config_from(args))
+    return await run_frontend(
+        config, args.control_fd, args.frontend_index, lambda: _config_from(args)
+    )
 
 
 async def _serve(server_cls: Any, config: Any, config_loader: Any = None) -> int:
@@ -239,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     _add_config_flags(serve)
+    # A child of the supervisor ([server] frontends > 0); not for people to give.
+    serve.add_argument("--role", choices=["engine", "frontend"], help=argparse.SUPPRESS)
+    serve.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--frontend-index", type=int, default=0, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
     check = sub.add_parser(
         "check-config",

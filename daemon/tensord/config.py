@@ -57,6 +57,9 @@ MAX_TRANSPORT_SECONDS = 7 * 24 * 3600.0
 """Upper bound of the keepalive and connection-age durations (a week): gRPC takes them
 as 32-bit milliseconds (at most about 24 days)."""
 
+MAX_FRONTENDS = 64
+"""Most gRPC frontend processes ([server] frontends)."""
+
 ReadyWhen = Literal["any_model", "all_models", "always"]
 """The readiness policies of `[server] ready_when` (tensord.registry.readiness applies them)."""
 
@@ -113,6 +116,13 @@ class ServerSettings(Settings):
     max_connection_age_grace_seconds: float = Field(default=0.0, ge=0, le=MAX_TRANSPORT_SECONDS)
     """After max_connection_age, how long calls in progress may still run before the
     connection is closed; 0: as long as they need."""
+    frontends: int | Literal["auto"] = Field(default=0)
+    """gRPC frontend processes in front of one engine process. 0 (the default): one
+    process serves everything. N: N processes share the port (SO_REUSEPORT), each decoding,
+    validating, authenticating and encoding calls, while one engine process owns the models,
+    batching and the device; for hosts where one core's Python caps throughput (see
+    docs/operations.md). `auto`: one per two cores past the first four, none below 8
+    cores. Changing it needs a restart."""
     ready_when: ReadyWhen = "any_model"
     """When health (`grpc.health.v1` and InferenceService/Health) says SERVING once the models
     have loaded. `any_model`: while at least one model has a READY version and so does every
@@ -121,6 +131,13 @@ class ServerSettings(Settings):
     models' states (`required` is not consulted). Otherwise NOT_SERVING, so that load
     balancers send nothing to a daemon with nothing to serve; it follows loads, failures and
     reloads. Calls are answered either way."""
+
+    @field_validator("frontends")
+    @classmethod
+    def _check_frontends(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 0 <= value <= MAX_FRONTENDS:
+            raise ValueError(f'expected 0 to {MAX_FRONTENDS} or "auto", got {value}')
+        return value
 
     @field_validator("listen")
     @classmethod

@@ -355,6 +355,10 @@ class DataPlane:
             serving.append((name, self.serving and ready))
         return serving
 
+    def has_model(self, name: str) -> bool:
+        """Whether the repository has a model of that name (metrics label known names)."""
+        return name in self.registry.names()
+
     def model_counts(self) -> dict[str, int]:
         """Model versions by state: {"loading": 0, "ready": 2, "failed": 1, "unloading": 0}."""
         counts = {state.name.lower(): 0 for state in ModelState}

@@ -31,8 +31,14 @@ class Observability:
     """The metrics registry and endpoint, the tracer, and the observer the server calls."""
 
     def __init__(
-        self, config: TensordConfig, registry: ModelRegistry, span_exporter: Any = None
+        self,
+        config: TensordConfig,
+        registry: ModelRegistry | None,
+        span_exporter: Any = None,
+        known_model: Callable[[str], bool] | None = None,
     ) -> None:
+        """`registry` is None in a frontend process: its models are the engine's, and
+        `known_model` says which names the engine serves."""
         self._config = config
         self.metrics: Metrics | None = None
         if config.metrics.enabled:
@@ -41,7 +47,8 @@ class Observability:
             from tensord.observability.collectors import GpuMemoryCollector, ModelCollector
 
             self.metrics = Metrics()
-            self.metrics.registry.register(ModelCollector(registry))
+            if registry is not None:
+                self.metrics.registry.register(ModelCollector(registry))
             self.metrics.registry.register(GpuMemoryCollector(config.server.cuda_device))
             ProcessCollector(namespace="", registry=self.metrics.registry)
         self.tracer: RpcTracer | None = build_tracer(config.tracing, span_exporter)
@@ -50,7 +57,7 @@ class Observability:
             self.observer = RequestObserver(
                 self.metrics.requests if self.metrics is not None else None,
                 self.tracer,
-                lambda name: name in registry.names(),
+                known_model or (lambda name: registry is not None and name in registry.names()),
             )
         self.port = 0
         self._httpd: Any = None

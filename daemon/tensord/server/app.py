@@ -70,12 +70,20 @@ class TensordServer:
         config: TensordConfig,
         backend_factory: BackendFactory = default_backend_factory,
         config_loader: ConfigLoader | None = None,
+        dataplane: Any = None,
     ) -> None:
         self.config = config
-        self.dataplane = DataPlane.for_config(config, backend_factory, self._models_changed)
+        self.frontend = dataplane is not None
+        """A frontend process: `dataplane` is the engine process's, reached over a link
+        (tensord.procs); the port is shared with the other frontends (SO_REUSEPORT) and
+        no device is touched here."""
+        self.dataplane = dataplane or DataPlane.for_config(
+            config, backend_factory, self._models_changed
+        )
         self.dataplane.on_device_lost = self._device_lost
-        self.registry = self.dataplane.registry
-        """The data plane's models (the metrics collectors read it; so do the tests)."""
+        self.registry = getattr(self.dataplane, "registry", None)
+        """The data plane's models (the metrics collectors read it; so do the tests); None
+        in a frontend process."""
         self.health = HealthServicer(MODEL_HEALTH_PREFIX)
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._health_publisher = HealthPublisher(
@@ -98,14 +106,17 @@ class TensordServer:
         self.settles_heap = False
         """Freeze the long-lived heap after loading and after each reload (tensord.heap);
         adopt_process_settings, on the daemon's own path, turns it on."""
-        self.observability = Observability(config, self.registry)
+        self.observability = Observability(
+            config, self.registry, known_model=self.dataplane.has_model
+        )
         self.security = Security(config, self.observability.rejected)
         self.add_reload_hook(self._reload_security)  # certificates and tokens, on SIGHUP
         self.dataplane.generation_metrics = self.observability.generation
         self.add_reload_hook(self._apply_limits)
         self.observability.watch_stream_limit(self.security.stream_limit)
         self._server = grpc.aio.server(
-            interceptors=self.security.interceptors, options=transport_options(config.server)
+            interceptors=self.security.interceptors,
+            options=transport_options(config.server, reuse_port=self.frontend),
         )
         servicer = InferenceServicer(
             self.dataplane,
@@ -158,7 +169,7 @@ class TensordServer:
         )
         tls = self.security.tls
         context = tls.ssl_context() if tls is not None else None
-        return OpenAIServer(routes, self.config.openai.listen, context)
+        return OpenAIServer(routes, self.config.openai.listen, context, self.frontend)
 
     async def start(self) -> int:
         """Listen (health NOT_SERVING), load every model, then report health by the
@@ -196,12 +207,13 @@ class TensordServer:
             event_loop=running_loop_name(),
         )
         self.notifier.status(f"loading models; listening on port {self.port}")
-        gpus = await asyncio.to_thread(probe_gpus)
-        log.info(
-            "server.devices",
-            gpus=[g.name for g in gpus.gpus],
-            gpu_unavailable_reason=gpus.unavailable_reason or None,
-        )
+        if not self.frontend:  # a frontend holds no device: the engine process does
+            gpus = await asyncio.to_thread(probe_gpus)
+            log.info(
+                "server.devices",
+                gpus=[g.name for g in gpus.gpus],
+                gpu_unavailable_reason=gpus.unavailable_reason or None,
+            )
         await self.dataplane.load_models()
         if self.watchdog is not None:
             self.watchdog.start()
@@ -420,6 +432,15 @@ class TensordServer:
 
     def _models_changed(self) -> None:
         self._spawn(self._sync_health())
+
+    def models_changed(self) -> None:
+        """A version's state changed (a frontend process hears it from the engine):
+        health follows."""
+        self._models_changed()
+
+    async def stop_requested(self) -> None:
+        """Until a stop is asked for (request_stop)."""
+        await self._stop_requested.wait()
 
     async def _sync_health(self) -> None:
         await self._health_publisher.sync()

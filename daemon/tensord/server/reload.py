@@ -43,6 +43,7 @@ RESTART_ONLY_KEYS = (
     "server.log_level",
     "server.event_loop",
     "server.cuda_device",
+    "server.frontends",
     "server.max_concurrent_streams",
     "server.keepalive_time_seconds",
     "server.keepalive_timeout_seconds",

@@ -19,15 +19,16 @@ from tensord.server.tls import ServerTLS
 log = structlog.get_logger("tensord.server")
 
 
-def transport_options(s: ServerSettings) -> list[tuple[str, int]]:
-    """gRPC server options: message limits, streams per connection, keepalive, age."""
+def transport_options(s: ServerSettings, reuse_port: bool = False) -> list[tuple[str, int]]:
+    """gRPC server options: message limits, streams per connection, keepalive, age;
+    SO_REUSEPORT only for a frontend process, which shares the port with the others."""
     ms = 1000
     ping_interval = int(s.keepalive_min_client_interval_seconds * ms)
     options = [
         ("grpc.max_receive_message_length", s.max_receive_message_bytes),
         ("grpc.max_send_message_length", s.max_send_message_bytes),
-        # Two daemons must not share a port silently.
-        ("grpc.so_reuseport", 0),
+        # Two daemons must not share a port silently (frontends hold an instance lock).
+        ("grpc.so_reuseport", int(reuse_port)),
         ("grpc.keepalive_time_ms", int(s.keepalive_time_seconds * ms)),
         ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout_seconds * ms)),
         # Tolerate client pings this often, also on connections with no call open.

@@ -19,14 +19,17 @@ from tensord.server.openai_http.routes import OpenAIRoutes
 log = structlog.get_logger("tensord.server")
 
 
-def _bind(listen: str) -> socket.socket:
-    """A listening socket on HOST:PORT (IPv6 in brackets)."""
+def _bind(listen: str, reuse_port: bool = False) -> socket.socket:
+    """A listening socket on HOST:PORT (IPv6 in brackets); shared with the other frontend
+    processes (SO_REUSEPORT) when `reuse_port`."""
     host, _, port = listen.rpartition(":")
     host = host.strip("[]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, int(port)))
         sock.listen(1024)
         sock.setblocking(False)
@@ -41,11 +44,16 @@ class OpenAIServer:
     finish within the grace, then cancels the rest."""
 
     def __init__(
-        self, routes: OpenAIRoutes, listen: str, ssl_context: ssl.SSLContext | None = None
+        self,
+        routes: OpenAIRoutes,
+        listen: str,
+        ssl_context: ssl.SSLContext | None = None,
+        reuse_port: bool = False,
     ) -> None:
         self.routes = routes
         self.listen = listen
         self.ssl_context = ssl_context
+        self.reuse_port = reuse_port
         """HTTPS with it (the gRPC port's [tls] files); None: plain HTTP."""
         self.port = 0
         self._server: Any = None
@@ -60,7 +68,7 @@ class OpenAIServer:
             def capture_signals(self) -> Iterator[None]:
                 yield  # the daemon handles SIGTERM, SIGINT and SIGHUP
 
-        sock = _bind(self.listen)
+        sock = _bind(self.listen, self.reuse_port)
         self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(
             self.routes.app(),

@@ -1,0 +1,185 @@
+"""The two kinds of child process the supervisor starts: the engine and a gRPC frontend.
+
+Both are `tensord serve` with the supervisor's own arguments, so they read the same
+configuration (and read it again on reload), plus `--role` and the control channel's fd.
+Neither handles a signal itself: the supervisor says when to reload and when to drain, in
+an order that loses no call (frontends first, then the engine). A child whose supervisor
+is gone (its control channel closed) drains and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from typing import Any
+
+import structlog
+
+from tensord.config import TensordConfig
+from tensord.dataplane import DataPlane
+from tensord.errors import DeviceLostError
+from tensord.procs.control import Control
+from tensord.procs.engine import EngineHost
+from tensord.procs.remote import RemoteDataPlane
+from tensord.procs.ring import Ring
+from tensord.server.reload import ConfigLoader
+
+log = structlog.get_logger("tensord.procs")
+
+ALIVE_INTERVAL_S = 1.0
+"""How often a child tells the supervisor it is alive (its event loop turns)."""
+EXIT_DEVICE_LOST = 3
+
+
+def _ignore_signals() -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, lambda: None)
+
+
+async def _alive(control: Control) -> None:
+    while not control.closed:
+        control.send({"op": "alive"})
+        await asyncio.sleep(ALIVE_INTERVAL_S)
+
+
+async def run_engine(
+    config: TensordConfig, control_fd: int, config_loader: ConfigLoader | None
+) -> int:
+    """The engine process: load the repository, serve the frontends' links, reload and
+    drain when told; exit EXIT_DEVICE_LOST after a sticky device error."""
+    structlog.contextvars.bind_contextvars(role="engine")
+    _ignore_signals()
+    stop = asyncio.Event()
+    exit_code = 0
+    hosts: list[EngineHost] = []
+
+    def changed() -> None:
+        for each in hosts:
+            each.models_changed()
+
+    dataplane = DataPlane.for_config(config, on_change=changed)
+    host = EngineHost(dataplane)
+    hosts.append(host)
+
+    def device_lost(exc: DeviceLostError) -> None:
+        nonlocal exit_code
+        exit_code = EXIT_DEVICE_LOST
+        log.critical("device.lost", error=str(exc), exit_code=EXIT_DEVICE_LOST)
+        stop.set()
+
+    dataplane.on_device_lost = device_lost
+    tasks: set[asyncio.Task[Any]] = set()
+
+    def on_message(message: dict[str, Any], fds: list[int]) -> None:
+        op = message.get("op")
+        if op == "link":
+            requests, replies = Ring.attach(fds[0], fds[1]), Ring.attach(fds[2], fds[3])
+            host.add_frontend(int(message["index"]), replies, requests)
+        elif op == "unlink":
+            host.remove_frontend(int(message["index"]))
+        elif op == "reload":
+            task = asyncio.ensure_future(reload())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        elif op == "drain":
+            stop.set()
+
+    async def reload() -> None:
+        nonlocal config
+        if config_loader is not None:
+            try:
+                config = config_loader()
+            except Exception as exc:
+                log.error("engine.reload_config_failed", error=str(exc))
+        dataplane.apply(config)
+        changes = await dataplane.reload_models(config.model_repository)
+        log.info("engine.reloaded", added=changes.added, changed=changes.changed,
+                 removed=changes.removed, load_failed=changes.failed)  # fmt: skip
+        host.models_changed()
+        control.send({"op": "reloaded", "status": _status(dataplane)})
+
+    control = Control(socket.socket(fileno=control_fd), on_message, stop.set)
+    alive = asyncio.ensure_future(_alive(control))
+    loading = asyncio.ensure_future(dataplane.load_models())
+    await asyncio.wait({loading, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")
+    if loading.done() and not stop.is_set():
+        loading.result()
+        dataplane.serving = True
+        host.loaded = True
+        host.models_changed()
+        control.send({"op": "ready", "status": _status(dataplane)})
+        log.info("engine.ready", **dataplane.model_counts())
+        await stop.wait()
+    else:
+        loading.cancel()
+    log.info("engine.draining")
+    dataplane.serving = False
+    dataplane.fail_waiting_generations()
+    host.close()
+    dataplane.terminate_runs()
+    await dataplane.close()
+    alive.cancel()
+    control.close()
+    log.info("engine.stopped", exit_code=exit_code)
+    return exit_code
+
+
+def _status(dataplane: DataPlane) -> str:
+    counts = dataplane.model_counts()
+    return ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no models"
+
+
+async def run_frontend(
+    config: TensordConfig, control_fd: int, index: int, config_loader: ConfigLoader | None
+) -> int:
+    """A frontend process: the gRPC server over a RemoteDataPlane; it reports ready once it
+    listens and the engine's table says the models are loaded."""
+    from tensord.server.app import TensordServer
+
+    structlog.contextvars.bind_contextvars(role=f"frontend-{index}")
+    _ignore_signals()
+    remote = RemoteDataPlane(config)
+    server = TensordServer(config, config_loader=config_loader, dataplane=remote)
+    server.adopt_process_settings()
+    remote.on_table = server.models_changed
+    stop_grace: list[float] = []
+
+    def on_message(message: dict[str, Any], fds: list[int]) -> None:
+        op = message.get("op")
+        if op == "link":
+            remote.attach(Ring.attach(fds[0], fds[1]), Ring.attach(fds[2], fds[3]))
+        elif op == "engine_down":
+            remote.detach()
+        elif op == "reload":
+            server.request_reload()
+        elif op == "drain":
+            stop_grace.append(float(message.get("grace", config.server.drain_grace_seconds)))
+            server.request_stop()
+
+    control = Control(socket.socket(fileno=control_fd), on_message, server.request_stop)
+    alive = asyncio.ensure_future(_alive(control))
+    starting = asyncio.ensure_future(server.start())
+    stopping = asyncio.ensure_future(server.stop_requested())
+    await asyncio.wait({starting, stopping}, return_when="FIRST_COMPLETED")
+    if starting.done() and not stopping.done():
+        starting.result()
+        control.send({"op": "ready", "port": server.port})
+        await stopping
+    else:
+        starting.cancel()
+    await server.stop(stop_grace[0] if stop_grace else None)
+    alive.cancel()
+    control.close()
+    return server.exit_code
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of a child: the supervisor's, without systemd's notify and
+    watchdog variables (NotifyAccess=main: only the supervisor talks to systemd)."""
+    env = dict(os.environ)
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        env.pop(name, None)
+    return env

@@ -1,0 +1,101 @@
+"""One frontend's link with the engine on an event loop: a ring each way, messages in and out.
+
+Received messages are handed to a callback as the doorbell rings, a bounded batch per
+wake-up so that one busy link cannot hold the loop. A message the outgoing ring has no room
+for waits in a backlog, written in order as the other end frees space (`send`), or is
+refused at once (`try_send`: a frontend answers a new request RESOURCE_EXHAUSTED rather than
+queue without bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from tensord.procs.messages import decode, encode
+from tensord.procs.ring import Ring
+
+_BATCH = 256
+"""Messages taken per wake-up before the loop runs other work."""
+_RETRY_S = 0.0002
+"""How soon a backlog tries the ring again (the other end gives no signal for space)."""
+
+
+class LinkClosed(ConnectionError):
+    """The link was closed: the other process ended or is being replaced."""
+
+
+class Link:
+    """Messages over `outgoing` and from `incoming` (both owned: `close` closes them)."""
+
+    def __init__(self, outgoing: Ring, incoming: Ring, on_message: Callable[[Any], None]) -> None:
+        self.outgoing = outgoing
+        self.incoming = incoming
+        self.on_message = on_message
+        self._backlog: collections.deque[list[bytes | memoryview]] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def open(self) -> None:
+        """Start taking messages on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.incoming.fileno(), self._readable)
+        self._readable()  # anything announced before the reader was added
+
+    def _readable(self) -> None:
+        if self.closed:
+            return
+        for record in self.incoming.read_available(_BATCH):
+            self.on_message(decode(record))
+            if self.closed:
+                return
+
+    def try_send(self, message: Any) -> bool:
+        """Write `message` now; False when the ring is full (or a backlog waits). A
+        message too large for the ring raises ValueError."""
+        if self.closed:
+            raise LinkClosed("the link to the other process is closed")
+        if self._backlog:
+            return False
+        return self.outgoing.try_write(encode(message))
+
+    def send(self, message: Any) -> None:
+        """Write `message`, after any backlog, as soon as the ring has room."""
+        if self.closed:
+            raise LinkClosed("the link to the other process is closed")
+        parts = encode(message)
+        if self._backlog or not self.outgoing.try_write(parts):
+            self._backlog.append(parts)
+            self._schedule()
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
+
+    def _schedule(self) -> None:
+        if self._retry is None and self._loop is not None and not self.closed:
+            self._retry = self._loop.call_later(_RETRY_S, self._flush)
+
+    def _flush(self) -> None:
+        self._retry = None
+        while self._backlog and not self.closed:
+            if not self.outgoing.try_write(self._backlog[0]):
+                self._schedule()
+                return
+            self._backlog.popleft()
+
+    def close(self) -> None:
+        """Stop reading, drop the backlog, close both rings (again: nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self.incoming.fileno())
+        self._backlog.clear()
+        self.outgoing.close()
+        self.incoming.close()

@@ -1,0 +1,315 @@
+"""The supervisor: `tensord serve` with `[server] frontends` above 0.
+
+It holds the port and an instance lock, starts one engine process and N frontend
+processes (before any gRPC or CUDA state exists in it), joins each frontend to the engine
+by a pair of rings, and speaks for them all to systemd: READY once every process is ready,
+STATUS from the engine, WATCHDOG while every child reports in. SIGHUP reloads the engine
+and the frontends; SIGTERM drains the frontends (their calls finish), then the engine. An
+engine that dies is started again while frontends answer UNAVAILABLE; after
+`MAX_ENGINE_RESTARTS` in `RESTART_WINDOW_S` the daemon exits non-zero for systemd to act.
+A frontend that dies is started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from tensord.config import TensordConfig
+from tensord.procs import control as control_channel
+from tensord.procs.children import child_environment
+from tensord.procs.control import Control
+from tensord.procs.ring import MAX_CAPACITY, Ring
+from tensord.server.notify import SystemdNotifier, watchdog_interval
+
+log = structlog.get_logger("tensord.supervisor")
+
+MAX_ENGINE_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
+EXIT_ENGINE_FAILED = 4
+"""The exit status after the engine died MAX_ENGINE_RESTARTS times in RESTART_WINDOW_S."""
+_RING_SLACK = 1 << 20
+_KILL_AFTER_S = 10.0
+"""How long a child may take past its drain before it is killed."""
+
+
+def frontend_count(config: TensordConfig, cores: int | None = None) -> int:
+    """`[server] frontends` as a number: `auto` is none below 8 cores, else one per two
+    cores past the first four (the engine, its lanes and the system keep those)."""
+    value = config.server.frontends
+    if value != "auto":
+        return int(value)
+    cores = cores or len(os.sched_getaffinity(0))
+    return 0 if cores < 8 else max(2, (cores - 4) // 2)
+
+
+def ring_capacity(message_bytes: int) -> int:
+    """A ring that holds two of the largest messages (a power of two)."""
+    need = 2 * (message_bytes + _RING_SLACK)
+    return min(MAX_CAPACITY, 1 << (need - 1).bit_length())
+
+
+def hold_port(listen: str) -> tuple[socket.socket, int]:
+    """A socket bound (not listening) to `listen` with SO_REUSEPORT, which the frontends
+    share; the port it got."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    return sock, int(sock.getsockname()[1])
+
+
+def instance_lock(port: int) -> Any:
+    """An exclusive lock on this port's lock file, so that a second daemon (which could
+    share a SO_REUSEPORT port) refuses to start."""
+    directory = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or tempfile.gettempdir()
+    path = Path(directory) / f"tensord-port-{port}.lock"
+    handle = open(path, "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise OSError(f"cannot listen on port {port}: another tensord serves it ({path})") from None
+    return handle
+
+
+@dataclass
+class Child:
+    """One child process and its control channel."""
+
+    role: str
+    index: int
+    process: subprocess.Popen[bytes]
+    control: Control
+    ready: bool = False
+    alive_at: float = field(default_factory=time.monotonic)
+    status: str = ""
+
+
+class Supervisor:
+    """Runs the processes of one daemon until SIGTERM or SIGINT; `run` returns the exit
+    status."""
+
+    def __init__(self, config: TensordConfig, serve_args: list[str], frontends: int) -> None:
+        self.config = config
+        self.serve_args = serve_args
+        """`tensord serve`'s arguments, given again to each child (without --listen)."""
+        self.count = frontends
+        self.notifier = SystemdNotifier()
+        self.engine: Child | None = None
+        self.frontends: dict[int, Child] = {}
+        self.port = 0
+        self.stopping = False
+        self.exit_code = 0
+        self._listen = ""
+        self._openai = ""
+        self._engine_deaths: list[float] = []
+        self._stop = asyncio.Event()
+        self._announced = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # Children.
+
+    def _spawn(self, role: str, index: int) -> Child:
+        ours, theirs = control_channel.pair()
+        argv = [sys.executable, "-m", "tensord", "serve", *self.serve_args]
+        argv += ["--listen", self._listen, "--role", role, "--control-fd", str(theirs.fileno())]
+        if role == "frontend":
+            argv += ["--frontend-index", str(index)]
+        env = child_environment()
+        if self._openai:
+            env["TENSORD_OPENAI_LISTEN"] = self._openai
+        process = subprocess.Popen(
+            argv, pass_fds=[theirs.fileno()], env=env, start_new_session=True
+        )
+        theirs.close()
+        child: Child | None = None
+
+        def on_message(message: dict[str, Any], fds: list[int]) -> None:
+            assert child is not None
+            self._heard(child, message)
+
+        control = Control(ours, on_message, lambda: None)
+        child = Child(role, index, process, control)
+        pidfd = os.pidfd_open(process.pid)
+        loop = asyncio.get_running_loop()
+
+        def exited() -> None:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            assert child is not None
+            self._exited(child)
+
+        loop.add_reader(pidfd, exited)
+        log.info("supervisor.started_child", role=role, index=index, pid=process.pid)
+        return child
+
+    def _link(self, index: int) -> None:
+        """Join frontend `index` to the engine with a new pair of rings."""
+        server = self.config.server
+        requests = Ring.create(ring_capacity(server.max_receive_message_bytes), "tensord-requests")
+        replies = Ring.create(ring_capacity(server.max_send_message_bytes), "tensord-replies")
+        fds = [*requests.fds(), *replies.fds()]
+        try:
+            if self.engine is not None:
+                self.engine.control.send({"op": "link", "index": index}, fds)
+            frontend = self.frontends.get(index)
+            if frontend is not None:
+                frontend.control.send({"op": "link", "index": index}, fds)
+        finally:
+            requests.close()  # the children hold their own copies
+            replies.close()
+
+    def _heard(self, child: Child, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        child.alive_at = time.monotonic()
+        if op == "ready":
+            child.ready = True
+            child.status = str(message.get("status", ""))
+            log.info("supervisor.child_ready", role=child.role, index=child.index)
+            self._announce()
+        elif op == "reloaded":
+            self.notifier.ready(self.status_line())
+
+    def _exited(self, child: Child) -> None:
+        code = child.process.wait()
+        child.control.close()
+        if self.stopping:
+            return
+        log.error("supervisor.child_exited", role=child.role, index=child.index, exit_code=code)
+        if child.role == "engine":
+            now = time.monotonic()
+            self._engine_deaths = [t for t in self._engine_deaths if now - t < RESTART_WINDOW_S]
+            self._engine_deaths.append(now)
+            for frontend in self.frontends.values():
+                frontend.control.send({"op": "engine_down"})
+            if len(self._engine_deaths) >= MAX_ENGINE_RESTARTS:
+                log.critical(
+                    "supervisor.engine_failing",
+                    restarts=len(self._engine_deaths),
+                    window_s=RESTART_WINDOW_S,
+                    exit_code=EXIT_ENGINE_FAILED,
+                )
+                self.exit_code = EXIT_ENGINE_FAILED
+                self._stop.set()
+                return
+            self.notifier.status("the engine process exited; restarting it")
+            self.engine = self._spawn("engine", 0)
+            for index in self.frontends:
+                self._link(index)
+        else:
+            self.frontends[child.index] = self._spawn("frontend", child.index)
+            self._link(child.index)
+
+    def _announce(self) -> None:
+        children = [self.engine, *self.frontends.values()]
+        if not all(c is not None and c.ready for c in children):
+            return
+        if not self._announced:
+            self._announced = True
+            log.info("supervisor.ready", port=self.port, frontends=self.count)
+        self.notifier.ready(self.status_line())
+
+    def status_line(self) -> str:
+        engine = self.engine.status if self.engine is not None else ""
+        return f"serving on port {self.port} with {self.count} frontends: {engine}"
+
+    # The daemon's life.
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        holder, self.port = hold_port(self.config.server.listen)
+        lock = instance_lock(self.port)
+        host = self.config.server.listen.rpartition(":")[0]
+        self._listen = f"{host}:{self.port}"
+        openai_holder = None
+        if self.config.openai.enabled:
+            openai_holder, openai_port = hold_port(self.config.openai.listen)
+            self._openai = f"{self.config.openai.listen.rpartition(':')[0]}:{openai_port}"
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
+        log.info("supervisor.starting", listen=self._listen, frontends=self.count)
+        self.engine = self._spawn("engine", 0)
+        for index in range(self.count):
+            self.frontends[index] = self._spawn("frontend", index)
+            self._link(index)
+        interval = watchdog_interval()
+        watchdog = asyncio.ensure_future(self._watchdog(interval)) if interval else None
+        try:
+            await self._stop.wait()
+            await self._drain()
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            holder.close()
+            if openai_holder is not None:
+                openai_holder.close()
+            lock.close()
+        log.info("supervisor.stopped", exit_code=self.exit_code)
+        self.notifier.close()
+        return self.exit_code
+
+    def _reload(self) -> None:
+        if self.stopping:
+            return
+        self.notifier.reloading("reloading the configuration and the model repository")
+        for child in [self.engine, *self.frontends.values()]:
+            if child is not None:
+                child.control.send({"op": "reload"})
+
+    async def _drain(self) -> None:
+        """Frontends first (their calls finish within the grace), then the engine."""
+        self.stopping = True
+        grace = self.config.server.drain_grace_seconds
+        self.notifier.stopping(f"draining: in-flight calls get {grace:g} s")
+        log.info("supervisor.draining", grace_s=grace)
+        frontends = list(self.frontends.values())
+        for child in frontends:
+            child.control.send({"op": "drain", "grace": grace})
+        await self._wait_exit(frontends, grace + _KILL_AFTER_S)
+        if self.engine is not None:
+            self.engine.control.send({"op": "drain", "grace": grace})
+            await self._wait_exit([self.engine], _KILL_AFTER_S)
+
+    async def _wait_exit(self, children: list[Child], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for child in children:
+            while child.process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if child.process.poll() is None:
+                log.error("supervisor.killed", role=child.role, index=child.index)
+                child.process.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.process.wait(5)
+
+    async def _watchdog(self, interval: float) -> None:
+        """WATCHDOG=1 each interval while every child has reported within it."""
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            children = [c for c in [self.engine, *self.frontends.values()] if c is not None]
+            if all(now - c.alive_at < interval for c in children):
+                self.notifier.watchdog()
+            else:
+                late = [f"{c.role}-{c.index}" for c in children if now - c.alive_at >= interval]
+                log.warning("supervisor.watchdog_missed", late=late)
