@@ -6,6 +6,12 @@ tier's kernel tests run where only NumPy, cuda-bindings and NVRTC are installed.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -116,13 +122,100 @@ class ServerThread:
         assert not self._thread.is_alive(), "the test server's thread did not end"
 
 
-def start_server(repo: Path, **server: object) -> ServerThread:
-    """Start a server on a free loopback port over `repo` with [server] overrides."""
-    overrides = {"model_repository": str(repo), "server.listen": "127.0.0.1:0"}
-    overrides.update({f"server.{k}": v for k, v in server.items()})
+FRONTENDS = int(os.environ.get("TENSORD_TEST_FRONTENDS") or 0)
+"""The frontends tier (`make test` runs it): with N > 0, `serve` and `start_server` start
+`tensord serve` with `[server] frontends = N` as a subprocess, and the tests marked
+`in_process` (they reach into the server object) are left to the in-process run."""
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def config_toml(overrides: dict[str, object]) -> str:
+    """A config file holding these dotted-key settings."""
+    tables: dict[str, dict[str, object]] = {}
+    for key, value in overrides.items():
+        table, _, name = key.rpartition(".")
+        tables.setdefault(table, {})[name] = value
+    lines = [f"{name} = {_toml_value(v)}" for name, v in tables.pop("", {}).items()]
+    for table, items in tables.items():
+        lines.append(f"[{table}]")
+        lines += [f"{name} = {_toml_value(v)}" for name, v in items.items()]
+    return "\n".join(lines) + "\n"
+
+
+class DaemonProcesses:
+    """`tensord serve` with `[server] frontends = N`, as systemd runs it: the supervisor, an
+    engine and N frontends. It offers what the tests use of a ServerThread from outside
+    (`target`, `port`, `stop`); `server` is None (the server objects live in the children)."""
+
+    server = None
+
+    def __init__(self, overrides: dict[str, object], frontends: int) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="tensord-frontends-"))
+        config = self.directory / "tensord.toml"
+        settings = {**overrides, "server.frontends": frontends, "server.log_format": "json"}
+        config.write_text(config_toml(settings))
+        self.log_path = self.directory / "tensord.log"
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tensord.cli", "serve", "--config", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        self.port = 0
+
+    def start(self) -> DaemonProcesses:
+        deadline = time.monotonic() + 90
+        while True:
+            events = [json.loads(line) for line in self.log_path.read_text().splitlines(True)
+                      if line.startswith("{") and line.endswith("\n")]  # fmt: skip
+            for event in events:
+                if event.get("event") == "supervisor.starting":
+                    self.port = int(event["listen"].rsplit(":", 1)[1])
+            if any(e.get("event") == "supervisor.ready" for e in events):
+                return self
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                raise RuntimeError(f"the daemon did not start:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace + 30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def _server(overrides: dict[str, object]) -> Any:
+    """A ServerThread with these settings, or in the frontends tier DaemonProcesses."""
+    if FRONTENDS:
+        return DaemonProcesses(overrides, FRONTENDS).start()
     from tensord.config import load_config
 
     return ServerThread(load_config(None, env={}, overrides=overrides)).start()
+
+
+def start_server(repo: Path, **server: object) -> ServerThread:
+    """Start a server on a free loopback port over `repo` with [server] overrides."""
+    overrides: dict[str, object] = {"model_repository": str(repo), "server.listen": "127.0.0.1:0"}
+    overrides.update({f"server.{k}": v for k, v in server.items()})
+    return _server(overrides)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")
@@ -167,9 +260,7 @@ def serve(repo: Path, **settings: object) -> ServerThread:
     the dot (`tls__cert_file=...`, `server__max_connection_age_seconds=1`)."""
     overrides: dict[str, object] = {"model_repository": str(repo), "server.listen": "127.0.0.1:0"}
     overrides.update({k.replace("__", "."): v for k, v in settings.items()})
-    from tensord.config import load_config
-
-    return ServerThread(load_config(None, env={}, overrides=overrides)).start()
+    return _server(overrides)  # type: ignore[no-any-return]
 
 
 def wait_generator_idle(client: Client, model: str, timeout: float = 5.0) -> pb.GeneratorStatus:

@@ -81,7 +81,9 @@ def configure_logging(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        # One write per line, newline included: the processes of one daemon (frontends,
+        # engine) share stdout, and a line written in two parts could be split by another's.
+        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stdout)

@@ -20,6 +20,7 @@ import structlog
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.errors import DeviceLostError
+from tensord.observability import Observability
 from tensord.procs.control import Control
 from tensord.procs.engine import EngineHost
 from tensord.procs.remote import RemoteDataPlane
@@ -63,6 +64,9 @@ async def run_engine(
     dataplane = DataPlane.for_config(config, on_change=changed)
     host = EngineHost(dataplane)
     hosts.append(host)
+    observability = Observability(config, dataplane.registry, known_model=dataplane.has_model)
+    dataplane.generation_metrics = observability.generation
+    observability.start()  # on a loopback port of its own: the supervisor reads it
 
     def device_lost(exc: DeviceLostError) -> None:
         nonlocal exit_code
@@ -110,7 +114,9 @@ async def run_engine(
         dataplane.serving = True
         host.loaded = True
         host.models_changed()
-        control.send({"op": "ready", "status": _status(dataplane)})
+        control.send(
+            {"op": "ready", "status": _status(dataplane), "metrics_port": observability.port}
+        )
         log.info("engine.ready", **dataplane.model_counts())
         await stop.wait()
     else:
@@ -121,6 +127,7 @@ async def run_engine(
     host.close()
     dataplane.terminate_runs()
     await dataplane.close()
+    await asyncio.to_thread(observability.stop)
     alive.cancel()
     control.close()
     log.info("engine.stopped", exit_code=exit_code)
@@ -166,7 +173,9 @@ async def run_frontend(
     await asyncio.wait({starting, stopping}, return_when="FIRST_COMPLETED")
     if starting.done() and not stopping.done():
         starting.result()
-        control.send({"op": "ready", "port": server.port})
+        control.send(
+            {"op": "ready", "port": server.port, "metrics_port": server.observability.port}
+        )
         await stopping
     else:
         starting.cancel()
@@ -176,10 +185,13 @@ async def run_frontend(
     return server.exit_code
 
 
-def child_environment() -> dict[str, str]:
+def child_environment(config: TensordConfig) -> dict[str, str]:
     """The environment of a child: the supervisor's, without systemd's notify and
-    watchdog variables (NotifyAccess=main: only the supervisor talks to systemd)."""
+    watchdog variables (NotifyAccess=main: only the supervisor talks to systemd), and with
+    its metrics on a loopback port of its own (the supervisor serves [metrics] listen)."""
     env = dict(os.environ)
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         env.pop(name, None)
+    if config.metrics.enabled:
+        env["TENSORD_METRICS_LISTEN"] = "127.0.0.1:0"
     return env

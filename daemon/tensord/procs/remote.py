@@ -85,6 +85,7 @@ class RemoteDataPlane:
         link, self._link = self._link, None
         if link is not None:
             link.close()
+            self.on_table()  # health follows: NOT_SERVING until an engine is back
         error = UnavailableError(message)
         for future in self._waiting.values():
             if not future.done():
@@ -251,6 +252,8 @@ class RemoteDataPlane:
     def readiness(self) -> Readiness:
         if not self.serving:
             return Readiness(False, "the server is starting or draining")
+        if self._link is None or not self.table.loaded:
+            return Readiness(False, "the engine process is starting")
         return self.table.readiness
 
     def health(self, model: str = "") -> HealthReport:

@@ -103,6 +103,7 @@ class Child:
     ready: bool = False
     alive_at: float = field(default_factory=time.monotonic)
     status: str = ""
+    metrics_port: int = 0
 
 
 class Supervisor:
@@ -135,7 +136,7 @@ class Supervisor:
         argv += ["--listen", self._listen, "--role", role, "--control-fd", str(theirs.fileno())]
         if role == "frontend":
             argv += ["--frontend-index", str(index)]
-        env = child_environment()
+        env = child_environment(self.config)
         if self._openai:
             env["TENSORD_OPENAI_LISTEN"] = self._openai
         process = subprocess.Popen(
@@ -185,6 +186,7 @@ class Supervisor:
         if op == "ready":
             child.ready = True
             child.status = str(message.get("status", ""))
+            child.metrics_port = int(message.get("metrics_port") or 0)
             log.info("supervisor.child_ready", role=child.role, index=child.index)
             self._announce()
         elif op == "reloaded":
@@ -248,6 +250,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
+        metrics = self._serve_metrics()  # a metrics port that is taken fails the start
         log.info("supervisor.starting", listen=self._listen, frontends=self.count)
         self.engine = self._spawn("engine", 0)
         for index in range(self.count):
@@ -261,6 +264,9 @@ class Supervisor:
         finally:
             if watchdog is not None:
                 watchdog.cancel()
+            if metrics is not None:
+                metrics.shutdown()
+                metrics.server_close()
             holder.close()
             if openai_holder is not None:
                 openai_holder.close()
@@ -268,6 +274,30 @@ class Supervisor:
         log.info("supervisor.stopped", exit_code=self.exit_code)
         self.notifier.close()
         return self.exit_code
+
+    def _serve_metrics(self) -> Any:
+        """/metrics on [metrics] listen: the children's, added up (procs/metrics.py)."""
+        if not self.config.metrics.enabled:
+            return None
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from tensord.observability import split_listen
+        from tensord.procs.metrics import ChildrenCollector
+
+        def ports() -> list[int]:
+            children = [self.engine, *self.frontends.values()]
+            return [c.metrics_port for c in children if c is not None and c.metrics_port]
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ChildrenCollector(ports))
+        listen = self.config.metrics.listen
+        host, port = split_listen(listen)
+        try:
+            httpd, _thread = start_http_server(port, host, registry=registry)
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from None
+        log.info("metrics.listening", listen=listen, port=httpd.server_port, path="/metrics")
+        return httpd
 
     def _reload(self) -> None:
         if self.stopping:
