@@ -14,7 +14,7 @@ ARGS ?=
 SOAK_ARGS ?=
 FUZZ_SECONDS ?= 600
 
-.PHONY: setup setup-gpu proto dist docs demo serve test test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-parts lint npm-deps systemd-tools clean help
+.PHONY: setup setup-gpu proto dist docs demo serve test test-frontends test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-parts lint npm-deps systemd-tools clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
@@ -22,6 +22,7 @@ help:
 	@echo "make setup      virtualenv with what serving on the CPU needs (onnxruntime)"
 	@echo "make setup-gpu  virtualenv with what serving on a GPU needs (onnxruntime-gpu, CUDA bindings)"
 	@echo "make docs       regenerate docs/configuration.md from the settings"
+	@echo "make test-frontends  the gRPC tests against two frontend processes"
 	@echo "make proto      regenerate the Python stubs from protos/ (tensord.v1, and KServe v2)"
 	@echo "make dist       wheels and sdists of tensord-client and tensord in dist/"
 	@echo "make bench      run the Predict (batching off, then on) and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
@@ -133,8 +134,22 @@ test-packages:
 		{ apt-get update -q && $(APT_INSTALL) $$missing; } || echo "could not install$$missing"; \
 	fi
 
+# The frontends tier: the same gRPC tests against `[server] frontends = 2` (a supervisor,
+# an engine and two frontend processes); those marked in_process stay with the first run.
+FRONTENDS_TIER = tests/grpc/test_predict.py tests/grpc/test_health_info.py \
+	tests/grpc/test_kserve.py tests/grpc/test_processing.py tests/grpc/test_bad_input.py \
+	tests/grpc/test_generate.py tests/grpc/test_batching.py tests/grpc/test_random_requests.py \
+	tests/grpc/test_reflection.py tests/grpc/test_auth.py tests/grpc/test_limits.py \
+	tests/grpc/test_intake.py tests/grpc/test_client_api.py tests/grpc/test_readiness.py
+
 test: $(VENV)/.setup-dev $(VENV)/.setup-export npm-deps systemd-tools test-packages
 	$(PY) -m pytest $(ARGS)
+ifeq ($(ARGS),)
+	TENSORD_TEST_FRONTENDS=2 $(PY) -m pytest -p no:cacheprovider -m "not in_process" $(FRONTENDS_TIER)
+endif
+
+test-frontends: $(VENV)/.setup-dev
+	TENSORD_TEST_FRONTENDS=2 $(PY) -m pytest -p no:cacheprovider -m "not in_process" $(FRONTENDS_TIER)
 
 bench: $(VENV)/.setup-dev $(VENV)/.setup-export demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)

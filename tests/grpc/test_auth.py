@@ -188,6 +188,7 @@ def test_rate_limit_answers_resource_exhausted_with_a_retry_hint(
             c.predict("mlp", {"input": X})
 
 
+@pytest.mark.in_process  # reaches into the server object
 def test_reload_reads_the_token_file_again(small_repo: Path, tmp_path: Path) -> None:
     path = tmp_path / "tokens.toml"
     path.write_text(token_entry("admin", hash_token(ADMIN), ["*"]))
@@ -370,6 +371,7 @@ def test_a_failure_reason_hides_a_path_with_spaces_and_quotes(
         srv.stop()
 
 
+@pytest.mark.in_process  # reaches into the server object
 def test_a_large_token_file_is_read_off_the_event_loop(small_repo: Path, tmp_path: Path) -> None:
     """A token file of 30 000 entries (3.6 MB) takes about a second to read; the reload
     reads it on a worker thread, and calls are answered meanwhile."""

@@ -6,16 +6,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 
-from tensord.executor.base import ExecutorStats
 from tensord.server.codec import decode_tensor, encode_tensor
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
+from tensord_client import Client
 from tests.conftest import ServerThread, start_server
 
 Code = grpc.StatusCode
@@ -309,8 +310,20 @@ def in_background(fn: Callable[[], object]) -> threading.Thread:
     return thread
 
 
-def slow_stats(server: ServerThread) -> ExecutorStats:
-    return server.server.registry.get("slow").executor.stats()  # type: ignore[union-attr]
+@dataclass
+class SlowStats:
+    """The slow model's executor, as Info shows it."""
+
+    started: int
+    running: int
+    queue_depth: int
+
+
+def slow_stats(server: ServerThread) -> SlowStats:
+    with Client(server.target, timeout=10, retries=0) as client:
+        (model,) = [m for m in client.info().models if m.name == "slow"]
+    status = model.executor_status
+    return SlowStats(sum(lane.runs for lane in status.lanes), status.running, status.queue_depth)
 
 
 def hold_the_instance(

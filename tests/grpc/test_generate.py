@@ -464,6 +464,7 @@ def _error_of(stream: Iterator[GenerateChunk]) -> grpc.RpcError:
     raise AssertionError("the stream ended without an error")
 
 
+@pytest.mark.in_process  # reads the limiter's count
 def test_max_generate_streams_holds_on_real_streams(gen_repo: Path) -> None:
     srv = serve(gen_repo, limits__max_generate_streams=1)
     try:

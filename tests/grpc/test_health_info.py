@@ -66,6 +66,7 @@ def test_standard_health_unknown_service(server: ServerThread) -> None:
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.in_process  # the test server's own asyncio loop
 def test_info(client: Client) -> None:
     import onnxruntime
 

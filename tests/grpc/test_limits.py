@@ -84,6 +84,7 @@ def test_stream_slots_refuse_beyond_the_limit_and_free_on_any_end() -> None:
     assert slots.active == 0
 
 
+@pytest.mark.in_process  # reaches into the server object
 def test_a_generate_stream_takes_its_slot_once_its_request_arrived(demo_repo: Path) -> None:
     """Calls whose message has not arrived hold no slot; a stream in progress does."""
     srv = serve(demo_repo, limits__max_generate_streams=1)
@@ -130,6 +131,7 @@ async def test_max_concurrent_streams_queues_calls_on_one_connection() -> None:
         await server.stop(0)
 
 
+@pytest.mark.in_process  # reaches into the server object
 def test_generate_passes_through_the_stream_limit(small_repo: Path) -> None:
     srv = serve(small_repo, limits__max_generate_streams=1, metrics__listen="127.0.0.1:0")
     try:

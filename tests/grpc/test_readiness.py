@@ -60,6 +60,7 @@ def listener(monkeypatch: pytest.MonkeyPatch) -> Iterator[NotifyListener]:
     sock.close()
 
 
+@pytest.mark.in_process  # reaches into the server object
 def test_no_model_ready_is_not_serving_until_a_reload_brings_one(
     tmp_path: Path, listener: NotifyListener
 ) -> None:
@@ -124,6 +125,7 @@ def test_no_model_ready_is_not_serving_until_a_reload_brings_one(
         srv.stop(grace=0)
 
 
+@pytest.mark.in_process  # reaches into the server object
 def test_a_required_model_that_fails_makes_the_daemon_not_serving(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     build_identity(repo / "good" / "1" / "model.onnx", TensorProto.FLOAT)
