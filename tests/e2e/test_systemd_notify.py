@@ -129,3 +129,50 @@ def test_abstract_socket_and_no_watchdog(setup: Path, tmp_path: Path) -> None:
         listener.close()
     assert not any("WATCHDOG" in m for m in listener.messages)
     assert "watchdog" not in (tmp_path / "tensord.log").read_text()
+
+
+def test_frontends_speak_to_systemd_through_the_supervisor(setup: Path, tmp_path: Path) -> None:
+    """`frontends = 2`: only the supervisor talks to systemd (NotifyAccess=main); READY once
+    every process is ready; keep-alives while every child reports (a frontend after each of
+    its own Health probes), none while one hangs."""
+    import os
+
+    config = setup
+    config.write_text(config.read_text() + "frontends = 2\n")
+    listener = NotifyListener()
+    log = tmp_path / "tensord.log"
+    process = serve(config, listener, log, WATCHDOG_USEC="1000000")
+    try:
+        ready = listener.wait_for("READY", timeout=90)
+        port = listening_port(log, process)
+        assert ready == {
+            "READY": "1",
+            "STATUS": f"serving on port {port} with 2 frontends: 4 ready",
+        }
+        with Client(f"127.0.0.1:{port}", timeout=10, retries=0) as client:
+            assert client.health().status == 1  # READY means serving
+        pings = [m for m in listener.drain(2.2) if m == {"WATCHDOG": "1"}]
+        assert 3 <= len(pings) <= 6
+        frontend = next(
+            int(e["pid"]) for e in map(__import__("json").loads, log.read_text().splitlines())
+            if e.get("event") == "supervisor.started_child" and e.get("role") == "frontend"
+        )  # fmt: skip
+        os.kill(frontend, signal.SIGSTOP)  # a hung frontend: no more keep-alives
+        try:
+            time.sleep(1.2)
+            listener.drain(0.1)
+            assert not [m for m in listener.drain(1.5) if m == {"WATCHDOG": "1"}]
+        finally:
+            os.kill(frontend, signal.SIGCONT)
+        assert [m for m in listener.drain(2.0) if m == {"WATCHDOG": "1"}]
+        process.send_signal(signal.SIGHUP)
+        assert listener.wait_for("RELOADING")["RELOADING"] == "1"
+        assert listener.wait_for("READY")["STATUS"].endswith(": 4 ready")
+        process.send_signal(signal.SIGTERM)
+        assert listener.wait_for("STOPPING")["STATUS"] == "draining: in-flight calls get 30 s"
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        listener.close()

@@ -25,13 +25,35 @@ from tensord.procs.control import Control
 from tensord.procs.engine import EngineHost
 from tensord.procs.remote import RemoteDataPlane
 from tensord.procs.ring import Ring
+from tensord.server.app import EXIT_DEVICE_LOST
 from tensord.server.reload import ConfigLoader
+from tensord.server.watchdog import Watchdog
 
 log = structlog.get_logger("tensord.procs")
 
-ALIVE_INTERVAL_S = 1.0
-"""How often a child tells the supervisor it is alive (its event loop turns)."""
-EXIT_DEVICE_LOST = 3
+CHILD_WATCHDOG = "TENSORD_CHILD_WATCHDOG_S"
+"""The variable by which the supervisor, itself watched by systemd, asks each child to
+report alive every so many seconds: the engine as its loop turns, a frontend after each
+real Health call to its own gRPC server answers (the daemon's Watchdog probe)."""
+
+
+class ControlNotifier:
+    """What the Watchdog tells systemd, told to the supervisor instead."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    def watchdog(self) -> bool:
+        self.control.send({"op": "alive"})
+        return True
+
+
+def _child_watchdog() -> float:
+    value = os.environ.get(CHILD_WATCHDOG, "")
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _ignore_signals() -> None:
@@ -40,10 +62,10 @@ def _ignore_signals() -> None:
         loop.add_signal_handler(sig, lambda: None)
 
 
-async def _alive(control: Control) -> None:
-    while not control.closed:
+async def _alive(control: Control, interval: float) -> None:
+    while interval and not control.closed:
         control.send({"op": "alive"})
-        await asyncio.sleep(ALIVE_INTERVAL_S)
+        await asyncio.sleep(interval)
 
 
 async def run_engine(
@@ -106,7 +128,7 @@ async def run_engine(
         control.send({"op": "reloaded", "status": _status(dataplane)})
 
     control = Control(socket.socket(fileno=control_fd), on_message, stop.set)
-    alive = asyncio.ensure_future(_alive(control))
+    alive = asyncio.ensure_future(_alive(control, _child_watchdog()))
     loading = asyncio.ensure_future(dataplane.load_models())
     await asyncio.wait({loading, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")
     if loading.done() and not stop.is_set():
@@ -167,7 +189,9 @@ async def run_frontend(
             server.request_stop()
 
     control = Control(socket.socket(fileno=control_fd), on_message, server.request_stop)
-    alive = asyncio.ensure_future(_alive(control))
+    interval = _child_watchdog()
+    if interval:  # alive only while its gRPC server answers its own Health calls
+        server.watchdog = Watchdog(ControlNotifier(control), interval)  # type: ignore[arg-type]
     starting = asyncio.ensure_future(server.start())
     stopping = asyncio.ensure_future(server.stop_requested())
     await asyncio.wait({starting, stopping}, return_when="FIRST_COMPLETED")
@@ -180,7 +204,6 @@ async def run_frontend(
     else:
         starting.cancel()
     await server.stop(stop_grace[0] if stop_grace else None)
-    alive.cancel()
     control.close()
     return server.exit_code
 

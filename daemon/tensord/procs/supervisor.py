@@ -30,7 +30,7 @@ import structlog
 
 from tensord.config import TensordConfig
 from tensord.procs import control as control_channel
-from tensord.procs.children import child_environment
+from tensord.procs.children import CHILD_WATCHDOG, child_environment
 from tensord.procs.control import Control
 from tensord.procs.ring import MAX_CAPACITY, Ring
 from tensord.server.notify import SystemdNotifier, watchdog_interval
@@ -127,6 +127,10 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._announced = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._watchdog = watchdog_interval() or 0.0
+        """Seconds between WATCHDOG=1 (half of WatchdogSec); 0 without a watchdog."""
+        self._child_watchdog = self._watchdog / 2
+        """How often each child reports alive: twice per keep-alive."""
 
     # Children.
 
@@ -137,6 +141,8 @@ class Supervisor:
         if role == "frontend":
             argv += ["--frontend-index", str(index)]
         env = child_environment(self.config)
+        if self._child_watchdog:
+            env[CHILD_WATCHDOG] = str(self._child_watchdog)
         if self._openai:
             env["TENSORD_OPENAI_LISTEN"] = self._openai
         process = subprocess.Popen(
@@ -256,8 +262,8 @@ class Supervisor:
         for index in range(self.count):
             self.frontends[index] = self._spawn("frontend", index)
             self._link(index)
-        interval = watchdog_interval()
-        watchdog = asyncio.ensure_future(self._watchdog(interval)) if interval else None
+        interval = self._watchdog
+        watchdog = asyncio.ensure_future(self._keep_alive(interval)) if interval else None
         try:
             await self._stop.wait()
             await self._drain()
@@ -332,7 +338,7 @@ class Supervisor:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.process.wait(5)
 
-    async def _watchdog(self, interval: float) -> None:
+    async def _keep_alive(self, interval: float) -> None:
         """WATCHDOG=1 each interval while every child has reported within it."""
         while True:
             await asyncio.sleep(interval)
