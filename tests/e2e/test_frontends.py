@@ -384,3 +384,36 @@ def test_metrics_add_up_every_process(demo_repo: Path, tmp_path: Path) -> None:
     finally:
         if daemon.process.poll() is None:
             daemon.process.kill()
+
+
+def test_the_openai_api_on_every_frontend(demo_repo: Path, tmp_path: Path) -> None:
+    pytest.importorskip("starlette")
+    import urllib.request
+
+    daemon = start(demo_repo, tmp_path, extra='[openai]\nlisten = "127.0.0.1:0"')
+    one = serve(demo_repo)
+    try:
+        ports = {
+            e["port"] for e in log_events(daemon.log_path) if e.get("event") == "openai.listening"
+        }
+        assert len(ports) == 1  # both frontends on the one port the supervisor holds
+        url = f"http://127.0.0.1:{ports.pop()}/v1/completions"
+        body = {"model": "tinylm", "prompt": "Once upon a time", "max_tokens": 8,
+                "temperature": 0, "logprobs": 2}  # fmt: skip
+        answers = []
+        for _ in range(4):  # new connections: both frontends
+            request = urllib.request.Request(
+                url, json.dumps(body).encode(), {"content-type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                answers.append(json.load(answer)["choices"][0])
+        with Client(one.target, timeout=30, retries=0) as client:
+            chunks = list(client.generate("tinylm", "Once upon a time", max_tokens=8,
+                                          temperature=0))  # fmt: skip
+        text = "".join(c.text for c in chunks)
+        assert all(a["text"] == text for a in answers)
+        assert all(len(a["logprobs"]["tokens"]) == 8 for a in answers)
+    finally:
+        one.stop()
+        if daemon.process.poll() is None:
+            daemon.process.kill()

@@ -25,6 +25,8 @@ from tensord.procs.ring import Ring
 
 log = structlog.get_logger("tensord.engine")
 
+MAX_BACKLOG = 4096
+"""Messages waiting for room in a frontend's reply ring before its link is dropped."""
 QUERIES = frozenset({"info", "model_snapshots", "chat_prompt"})
 """The data plane methods a frontend may ask for by name (coroutines)."""
 
@@ -51,6 +53,12 @@ class FrontendLink:
         out, self._out = self._out, []
         if out and not self.link.closed:
             self.link.send(out[0] if len(out) == 1 else ("batch", out))
+            if self.link.backlog > MAX_BACKLOG:
+                # The frontend stopped reading (hung): its work is dropped rather than
+                # held in memory without bound; the watchdog sees the frontend too.
+                log.error("engine.frontend_not_reading", frontend=self.index,
+                          backlog=self.link.backlog)  # fmt: skip
+                self.host.remove_frontend(self.index)
 
     def _received(self, message: Any) -> None:
         kind = message[0]
