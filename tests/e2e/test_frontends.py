@@ -26,11 +26,14 @@ from tests.e2e.conftest import Daemon, listening_port, log_events, wait_serving
 X = np.random.default_rng(7).standard_normal((3, 512)).astype(np.float32)
 
 
-def spawn(repo: Path, tmp_path: Path, frontends: int = 2, extra: str = "") -> subprocess.Popen[str]:
+def spawn(
+    repo: Path, tmp_path: Path, frontends: int = 2, extra: str = "", server: str = ""
+) -> subprocess.Popen[str]:
+    """The daemon on `repo`; `extra` holds more tables, `server` more [server] keys."""
     config = tmp_path / "tensord.toml"
     config.write_text(
         f'model_repository = "{repo}"\n{extra}\n[server]\nlisten = "127.0.0.1:0"\n'
-        f'frontends = {frontends}\ndrain_grace_seconds = 10\nlog_format = "json"\n'
+        f'frontends = {frontends}\ndrain_grace_seconds = 10\nlog_format = "json"\n{server}\n'
     )
     log_path = tmp_path / "tensord.log"
     with log_path.open("w") as log_file:
@@ -43,8 +46,10 @@ def spawn(repo: Path, tmp_path: Path, frontends: int = 2, extra: str = "") -> su
         )
 
 
-def start(repo: Path, tmp_path: Path, frontends: int = 2, extra: str = "") -> Daemon:
-    process = spawn(repo, tmp_path, frontends, extra)
+def start(
+    repo: Path, tmp_path: Path, frontends: int = 2, extra: str = "", server: str = ""
+) -> Daemon:
+    process = spawn(repo, tmp_path, frontends, extra, server)
     log_path = tmp_path / "tensord.log"
     try:
         target = f"127.0.0.1:{listening_port(log_path, process)}"
@@ -415,5 +420,37 @@ def test_the_openai_api_on_every_frontend(demo_repo: Path, tmp_path: Path) -> No
         assert all(len(a["logprobs"]["tokens"]) == 8 for a in answers)
     finally:
         one.stop()
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+
+
+def test_a_full_ring_answers_resource_exhausted(demo_repo: Path, tmp_path: Path) -> None:
+    """With the engine stopped, requests fill a frontend's ring (4 MiB with 1 MiB messages,
+    so about 14 of 245 KB and the room kept for one more):
+    the next ones get RESOURCE_EXHAUSTED at once; once the engine runs again, all serve."""
+    daemon = start(demo_repo, tmp_path, 1, server="max_receive_message_bytes = 1048576")
+    big = np.zeros((120, 512), np.float32)  # 240 KB of tensor
+    engine = pids(daemon, "engine")[0]
+    try:
+        with Client(daemon.target, timeout=30, retries=0) as client, ThreadPoolExecutor(32) as pool:
+            os.kill(engine, signal.SIGSTOP)
+            try:
+                waiting, refused = [], None
+                while refused is None and len(waiting) < 32:
+                    call = pool.submit(client.predict, "mlp", {"input": big})
+                    try:
+                        call.exception(timeout=0.2)  # refused at once, or it waits
+                    except TimeoutError:
+                        waiting.append(call)
+                        continue
+                    refused = call.exception()
+                assert isinstance(refused, grpc.RpcError), refused
+                assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "ring is full" in refused.details() and len(waiting) >= 3
+            finally:
+                os.kill(engine, signal.SIGCONT)
+            assert all(w.result(30)["output"].shape == (120, 10) for w in waiting)
+            assert client.predict("mlp", {"input": big})["output"].shape == (120, 10)
+    finally:
         if daemon.process.poll() is None:
             daemon.process.kill()
