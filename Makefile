@@ -25,7 +25,7 @@ help:
 	@echo "make test-frontends  the gRPC tests against two frontend processes"
 	@echo "make proto      regenerate the Python stubs from protos/ (tensord.v1, and KServe v2)"
 	@echo "make dist       wheels and sdists of tensord-client and tensord in dist/"
-	@echo "make bench      run the Predict (batching off, then on) and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
+	@echo "make bench      run the Predict (batching off, then on), frontend processes and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
 	@echo "make bench-fuzz fuzz the daemon for FUZZ_SECONDS (600; make test fuzzes 30 s)"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
@@ -155,6 +155,7 @@ bench: $(VENV)/.setup-dev $(VENV)/.setup-export demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)
 	$(PY) benchmarks/predict_bench.py --batching $(ARGS)
 	$(PY) benchmarks/perf_analyzer_bench.py
+	$(PY) benchmarks/frontends_bench.py $(FRONTENDS_ARGS)
 	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
 	$(PY) benchmarks/generate_hf_bench.py $(GENERATE_HF_ARGS)
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 import grpc
-from payloads import METHOD, SERVICE, response_bytes
+from payloads import METHOD, MODEL, OUTPUT_FEATURES, SERVICE, response_bytes
 
 from tensord.config import ServerSettings
 from tensord.eventloop import run
@@ -40,9 +40,9 @@ def _handlers(reply: bytes) -> dict[str, grpc.RpcMethodHandler]:
     return {METHOD: grpc.unary_unary_rpc_method_handler(predict)}
 
 
-async def serve(listen: str) -> None:
-    """Serve until SIGTERM or SIGINT; print the bound port first."""
-    await serve_handlers(listen, _handlers(response_bytes()))
+async def serve(listen: str, reply: bytes) -> None:
+    """Serve until SIGTERM or SIGINT, answering `reply`; print the bound port first."""
+    await serve_handlers(listen, _handlers(reply))
 
 
 async def serve_handlers(listen: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
@@ -72,10 +72,17 @@ def main() -> int:
         default="auto",
         help="as the daemon's [server] event_loop (auto: uvloop where installed)",
     )
+    parser.add_argument("--model", default=MODEL, help=f"the model named in the reply ({MODEL})")
+    parser.add_argument(
+        "--features",
+        type=int,
+        default=OUTPUT_FEATURES,
+        help=f"float32 values of the reply's batch-1 output ({OUTPUT_FEATURES})",
+    )
     args = parser.parse_args()
     # The daemon's GIL switch interval ([server] switch_interval_us, its default here).
     sys.setswitchinterval(ServerSettings().switch_interval_us / 1e6)
-    run(serve(args.listen), args.event_loop)
+    run(serve(args.listen, response_bytes(args.model, args.features)), args.event_loop)
     return 0
 
 

@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 from echo_server import serve_handlers
 from ort_limit import find_model
-from payloads import METHOD, OUTPUT_NAME
+from payloads import METHOD, MODEL, OUTPUT_NAME
 
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
 from tensord.config import ServerSettings
@@ -60,9 +60,9 @@ def _handlers(
     }
 
 
-async def serve(listen: str, repository: Path) -> None:
-    """Serve until SIGTERM or SIGINT; print the bound port first."""
-    path, config, version = find_model(repository)
+async def serve(listen: str, repository: Path, model: str = MODEL) -> None:
+    """Serve `model` until SIGTERM or SIGINT; print the bound port first."""
+    path, config, version = find_model(repository, model)
     backend = OnnxRuntimeBackend(path, config)
     pool = ThreadPoolExecutor(config.instance_count, thread_name_prefix="floor")
     try:
@@ -77,9 +77,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT; port 0 picks one")
     parser.add_argument("--model-repository", type=Path, required=True)
+    parser.add_argument(
+        "--model",
+        default=MODEL,
+        help=f"the model served, with one float32 input and an `{OUTPUT_NAME}` ({MODEL})",
+    )
     args = parser.parse_args()
     sys.setswitchinterval(ServerSettings().switch_interval_us / 1e6)
-    run(serve(args.listen, args.model_repository), "auto")
+    run(serve(args.listen, args.model_repository, args.model), "auto")
     return 0
 
 

@@ -1,15 +1,21 @@
-"""The load generator: N workers sending back-to-back batch-1 Predict calls on one channel.
+"""The load generator: N workers sending back-to-back batch-1 Predict calls on K channels.
 
 Run as a subprocess, one or more per measurement point, so that its CPU use is its own
 and comparable between servers. The identical code and bytes go to the tensord daemon
 and to the echo server: the request is pre-serialised and the reply is kept as bytes
 (no protobuf work on the client), which keeps the client as cheap as grpcio allows.
 
-Two drivers, both on one channel (one HTTP/2 connection):
+Two drivers, both on one channel (one HTTP/2 connection) unless --connections says more:
   aio   grpc.aio, N asyncio tasks. The cheapest per call once several are in flight.
   sync  the blocking API, N threads. At one call in flight it has ~30 % less latency
         than aio (no hop from grpc's poller to the event loop); with many threads the
         GIL makes it worse than aio. predict_bench.py picks per point (see README).
+
+--connections K spreads the N workers over K channels, each its own TCP connection (a
+local subchannel pool per channel, so grpc does not share one connection between them);
+worker i uses channel i mod K, and K is capped at N. A server whose processes share the
+port with SO_REUSEPORT gets connections, not calls, balanced between them: loading it
+needs several. --model and --features pick the request (default: the demo `mlp`'s).
 
 Protocol on stdin/stdout (so several processes start their windows together):
   1. it connects, retries Predict until it succeeds (the daemon answers UNAVAILABLE
@@ -39,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from payloads import PREDICT_PATH, request_bytes
+from payloads import INPUT_FEATURES, MODEL, PREDICT_PATH, request_bytes
 
 from tensord.eventloop import run
 
@@ -51,6 +57,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
+_SEPARATE_CONNECTION = ("grpc.use_local_subchannel_pool", 1)
+"""Given to each channel when there are several: each then opens its own connection."""
 _READY_TIMEOUT_S = 120.0
 _PROBE_CALLS = 20
 _LOCK = threading.Lock()
@@ -69,11 +77,12 @@ class Window:
     """Objects the collector freed after the window (it was off during it)."""
 
     def result(
-        self, concurrency: int, cpu_s: float, payload: bytes, reply: bytes
+        self, concurrency: int, connections: int, cpu_s: float, payload: bytes, reply: bytes
     ) -> dict[str, Any]:
         """The JSON-able report for the benchmark."""
         return {
             "concurrency": concurrency,
+            "connections": connections,
             "window_s": (self.t1 - self.t0) / 1e9,
             "ok": len(self.latencies_ns),
             "errors": dict(self.errors),
@@ -102,6 +111,19 @@ def _window(t_start: int, args: argparse.Namespace) -> Window:
 
 def _sleep_until(t_ns: int) -> float:
     return max(t_ns - time.monotonic_ns(), 0) / 1e9
+
+
+def connection_count(args: argparse.Namespace) -> int:
+    """Channels to open: --connections, at most one per call in flight."""
+    return max(1, min(args.connections, args.concurrency))
+
+
+def channel_options(connections: int) -> list[list[tuple[str, Any]]]:
+    """Options of each channel: today's single channel unchanged, or with several a local
+    subchannel pool each, so that each opens its own TCP connection."""
+    if connections == 1:
+        return [_CHANNEL_OPTIONS]
+    return [[*_CHANNEL_OPTIONS, _SEPARATE_CONNECTION] for _ in range(connections)]
 
 
 @contextlib.contextmanager
@@ -162,12 +184,18 @@ async def _aio_ready(call: Any, payload: bytes) -> bytes:
 
 
 async def run_aio(args: argparse.Namespace) -> dict[str, Any]:
-    """The aio driver: one channel, `concurrency` tasks."""
-    payload = request_bytes()
+    """The aio driver: `connections` channels, `concurrency` tasks spread over them."""
+    payload = request_bytes(args.model, args.features)
     timeout = args.timeout if args.timeout > 0 else None
-    async with grpc.aio.insecure_channel(args.target, options=_CHANNEL_OPTIONS) as channel:
-        call = channel.unary_unary(PREDICT_PATH, _registered_method=True)
-        reply = await _aio_ready(call, payload)
+    async with contextlib.AsyncExitStack() as stack:
+        calls = []
+        for options in channel_options(connection_count(args)):
+            channel = await stack.enter_async_context(
+                grpc.aio.insecure_channel(args.target, options=options)
+            )
+            calls.append(channel.unary_unary(PREDICT_PATH, _registered_method=True))
+        for call in calls:
+            reply = await _aio_ready(call, payload)
         print("READY", flush=True)
         if args.ready_only:
             return {}
@@ -176,10 +204,13 @@ async def run_aio(args: argparse.Namespace) -> dict[str, Any]:
         with _collector_off(window):
             cpu0 = time.process_time()
             await asyncio.gather(
-                *(_aio_worker(call, payload, window, timeout) for _ in range(args.concurrency))
+                *(
+                    _aio_worker(calls[i % len(calls)], payload, window, timeout)
+                    for i in range(args.concurrency)
+                )
             )
             cpu = time.process_time() - cpu0
-    return window.result(args.concurrency, cpu, payload, reply)
+    return window.result(args.concurrency, len(calls), cpu, payload, reply)
 
 
 # --------------------------------------------------------------- sync driver
@@ -229,12 +260,17 @@ def _sync_ready(call: Callable[..., bytes], payload: bytes) -> bytes:
 
 
 def run_sync(args: argparse.Namespace) -> dict[str, Any]:
-    """The blocking driver: one channel, `concurrency` threads (the caller's, when 1)."""
-    payload = request_bytes()
+    """The blocking driver: `connections` channels, `concurrency` threads spread over them
+    (the caller's thread, when one call is in flight)."""
+    payload = request_bytes(args.model, args.features)
     timeout = args.timeout if args.timeout > 0 else None
-    with grpc.insecure_channel(args.target, options=_CHANNEL_OPTIONS) as channel:
-        call = channel.unary_unary(PREDICT_PATH, _registered_method=True)
-        reply = _sync_ready(call, payload)
+    with contextlib.ExitStack() as stack:
+        calls = []
+        for options in channel_options(connection_count(args)):
+            channel = stack.enter_context(grpc.insecure_channel(args.target, options=options))
+            calls.append(channel.unary_unary(PREDICT_PATH, _registered_method=True))
+        for call in calls:
+            reply = _sync_ready(call, payload)
         print("READY", flush=True)
         if args.ready_only:
             return {}
@@ -243,18 +279,21 @@ def run_sync(args: argparse.Namespace) -> dict[str, Any]:
         with _collector_off(window):
             cpu0 = time.process_time()
             if args.concurrency == 1:
-                _sync_worker(call, payload, window, timeout)
+                _sync_worker(calls[0], payload, window, timeout)
             else:
                 threads = [
-                    threading.Thread(target=_sync_worker, args=(call, payload, window, timeout))
-                    for _ in range(args.concurrency)
+                    threading.Thread(
+                        target=_sync_worker,
+                        args=(calls[i % len(calls)], payload, window, timeout),
+                    )
+                    for i in range(args.concurrency)
                 ]
                 for thread in threads:
                     thread.start()
                 for thread in threads:
                     thread.join()
             cpu = time.process_time() - cpu0
-    return window.result(args.concurrency, cpu, payload, reply)
+    return window.result(args.concurrency, len(calls), cpu, payload, reply)
 
 
 def main() -> int:
@@ -264,6 +303,19 @@ def main() -> int:
     )
     parser.add_argument("--target", required=True, help="HOST:PORT of the server")
     parser.add_argument("--concurrency", type=int, default=1, help="calls in flight")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="channels (TCP connections) the calls spread over, at most one per call (1)",
+    )
+    parser.add_argument("--model", default=MODEL, help=f"the model called ({MODEL})")
+    parser.add_argument(
+        "--features",
+        type=int,
+        default=INPUT_FEATURES,
+        help=f"float32 values of the batch-1 input ({INPUT_FEATURES})",
+    )
     parser.add_argument(
         "--ready-only", action="store_true", help="exit after READY (a readiness probe)"
     )
@@ -277,6 +329,8 @@ def main() -> int:
         help="per-call deadline, s (the client's default); 0: none",
     )
     args = parser.parse_args()
+    if args.connections < 1:
+        parser.error("--connections: must be >= 1")
     # aio runs on the daemon's default loop (uvloop where installed): the cheapest per call.
     report = run(run_aio(args)) if args.client == "aio" else run_sync(args)
     if report:

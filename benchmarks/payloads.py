@@ -4,6 +4,8 @@ The tensord run and the echo run must move the same bytes, so both are built her
 The load generator sends `request_bytes()` as-is, and the echo server answers with
 `response_bytes()`, a PredictResponse shaped like the daemon's answer for the demo `mlp`
 (one float32 [1, 10] raw tensor plus timing), so only the server-side work differs.
+Another model's request and reply (frontends_bench.py's null model) take its name and
+feature count.
 """
 
 from __future__ import annotations
@@ -24,31 +26,34 @@ PREDICT_PATH = f"/{SERVICE}/{METHOD}"
 _SEED = 1234
 
 
-def batch(size: int, seed: int = _SEED) -> np.ndarray:
-    """A seeded float32 [size, 512] input, the same for every run of the benchmark."""
+def batch(size: int, seed: int = _SEED, features: int = INPUT_FEATURES) -> np.ndarray:
+    """A seeded float32 [size, features] input, the same for every run of the benchmark."""
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((size, INPUT_FEATURES), dtype=np.float32)
+    return rng.standard_normal((size, features), dtype=np.float32)
 
 
-def request_message() -> pb.PredictRequest:
-    """A batch-1 PredictRequest for the demo `mlp`, raw little-endian tensor bytes."""
-    return pb.PredictRequest(model=MODEL, inputs=[encode_tensor(INPUT_NAME, batch(1))])
+def request_message(model: str = MODEL, features: int = INPUT_FEATURES) -> pb.PredictRequest:
+    """A batch-1 PredictRequest (the demo `mlp`'s unless told), raw little-endian bytes."""
+    return pb.PredictRequest(
+        model=model, inputs=[encode_tensor(INPUT_NAME, batch(1, features=features))]
+    )
 
 
-def request_bytes() -> bytes:
-    """The serialised request the load generator sends to both servers."""
-    data: bytes = request_message().SerializeToString()
+def request_bytes(model: str = MODEL, features: int = INPUT_FEATURES) -> bytes:
+    """The serialised request the load generator sends to every server."""
+    data: bytes = request_message(model, features).SerializeToString()
     return data
 
 
-def response_bytes() -> bytes:
-    """A PredictResponse of the size tensord returns for one batch-1 `mlp` call.
+def response_bytes(model: str = MODEL, features: int = OUTPUT_FEATURES) -> bytes:
+    """A PredictResponse of the size tensord returns for one batch-1 call of `model`
+    whose output has `features` float32 values (the demo `mlp` unless told).
 
     The timing fields carry typical magnitudes so their varints take the same bytes.
     """
-    output = np.linspace(-1.0, 1.0, OUTPUT_FEATURES, dtype=np.float32).reshape(1, -1)
+    output = np.linspace(-1.0, 1.0, features, dtype=np.float32).reshape(1, -1)
     response = pb.PredictResponse(
-        model=MODEL,
+        model=model,
         version=1,
         outputs=[encode_tensor(OUTPUT_NAME, output)],
         timing=pb.Timing(queue_us=40, compute_us=500, total_us=650),

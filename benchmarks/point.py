@@ -1,9 +1,10 @@
 """One measurement point: one server, one concurrency, the load generator, CPU accounting.
 
-The load generator runs in `client_procs` subprocesses that split the concurrency; they
-connect and check the server first, then all start on one GO time, warm up, and measure
-over the same window. Meanwhile this (sleeping) process samples the CPU time of the
-server, the clients and the machine at the window's edges.
+The load generator runs in `client_procs` subprocesses that split the concurrency (and
+the connections); they connect and check the server first, then all start on one GO time,
+warm up, and measure over the same window. Meanwhile this (sleeping) process samples the
+CPU time of the server (and of each of its parts: a supervised daemon's engine and
+frontends), the clients and the machine at the window's edges.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cpustat import CpuSample, cpu_between
+from payloads import INPUT_FEATURES, MODEL
 from procs import ProcessGroup, python_script, read_line
 from servers import Server
 from stats import summarize_ns
@@ -33,6 +35,13 @@ class LoadSpec:
     warmup_s: float
     duration_s: float
     timeout_s: float
+    connections: int = 1
+    """Channels (TCP connections) in all, split over the processes like the calls."""
+    model: str = MODEL
+    features: int = INPUT_FEATURES
+    """The request: model name and float32 values of its batch-1 input."""
+    cpus: tuple[int, ...] | None = None
+    """Cores the load generators may run on (None: any)."""
 
 
 class WindowObserver(Protocol):
@@ -51,7 +60,12 @@ def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def _loadgen_argv(server: Server, spec: LoadSpec, concurrency: int) -> list[str]:
+def _loadgen_argv(server: Server, spec: LoadSpec, concurrency: int, connections: int) -> list[str]:
+    extra = []
+    if connections > 1:
+        extra += ["--connections", str(connections)]
+    if (spec.model, spec.features) != (MODEL, INPUT_FEATURES):
+        extra += ["--model", spec.model, "--features", str(spec.features)]
     return python_script(
         "loadgen.py",
         "--target",
@@ -66,6 +80,7 @@ def _loadgen_argv(server: Server, spec: LoadSpec, concurrency: int) -> list[str]
         str(spec.duration_s),
         "--timeout",
         str(spec.timeout_s),
+        *extra,
     )
 
 
@@ -83,9 +98,11 @@ def measure(
     observer: WindowObserver | None = None,
 ) -> dict[str, Any]:
     """Drive `server` as `spec` says; `idle` servers are watched for CPU they should not use."""
+    calls = split(spec.concurrency, spec.client_procs)
+    connections = split(max(spec.connections, len(calls)), len(calls))
     gens = [
-        procs.start(_loadgen_argv(server, spec, n), stdin=subprocess.PIPE)
-        for n in split(spec.concurrency, spec.client_procs)
+        procs.start(_loadgen_argv(server, spec, n, k), stdin=subprocess.PIPE, cpus=spec.cpus)
+        for n, k in zip(calls, connections, strict=True)
     ]
     try:
         for gen in gens:
@@ -99,8 +116,9 @@ def measure(
             gen.stdin.flush()
         t0 = t_start + int(spec.warmup_s * 1e9)
         t1 = t0 + int(spec.duration_s * 1e9)
-        watch = [("server", server.pid), *(("client", g.pid) for g in gens)]
+        watch = [("server", server.pid), *server.parts, *(("client", g.pid) for g in gens)]
         watch += [("idle_servers", s.pid) for s in idle]
+        watch += [("idle_servers", pid) for s in idle for _, pid in s.parts]
         _sleep_until(t0)
         before = CpuSample.take(watch)
         if observer is not None:
@@ -128,14 +146,14 @@ def _combine(
             errors[code] = errors.get(code, 0) + count
     ok = len(latencies)
     window = spec.duration_s
-    per_request = {
-        f"{name}_us": cpu[name] / ok * 1e6 if ok else None for name in ("server", "client")
-    }
+    names = ["server", *(role for role, _ in server.parts), "client"]
+    per_request = {f"{name}_us": cpu[name] / ok * 1e6 if ok else None for name in names}
     return {
         "server": server.name,
         "concurrency": spec.concurrency,
         "client": spec.client,
         "client_procs": len(reports),
+        "connections": sum(r.get("connections", 1) for r in reports),
         "window_s": window,
         "ok": ok,
         "rps": ok / window,

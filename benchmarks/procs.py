@@ -9,6 +9,7 @@ SystemExit so that the same clean-up runs for them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import selectors
 import signal
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO
@@ -99,8 +100,12 @@ class ProcessGroup:
         stdout: int | IO[str] | None = subprocess.PIPE,
         stderr: int | IO[str] | None = None,
         env: dict[str, str] | None = None,
+        cpus: Collection[int] | None = None,
     ) -> subprocess.Popen[str]:
-        """Start `argv` in its own session; stderr goes to ours unless redirected."""
+        """Start `argv` in its own session; stderr goes to ours unless redirected. With
+        `cpus`, the process (and every process it starts) may run only on those cores."""
+        # Set in the child between fork and exec; its own children inherit it.
+        pin = None if cpus is None else functools.partial(os.sched_setaffinity, 0, set(cpus))
         proc = subprocess.Popen(
             list(argv),
             stdin=stdin,
@@ -109,6 +114,7 @@ class ProcessGroup:
             text=True,
             start_new_session=True,
             env=env,
+            preexec_fn=pin,
         )
         self._procs.append(proc)
         return proc
