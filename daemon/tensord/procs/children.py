@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from tensord import heap
 from tensord.config import TensordConfig
 from tensord.dataplane import DataPlane
 from tensord.errors import DeviceLostError
@@ -26,7 +27,7 @@ from tensord.procs.engine import EngineHost
 from tensord.procs.remote import RemoteDataPlane
 from tensord.procs.ring import Ring
 from tensord.server.app import EXIT_DEVICE_LOST
-from tensord.server.reload import ConfigLoader
+from tensord.server.reload import ConfigLoader, apply_live_settings
 from tensord.server.watchdog import Watchdog
 
 log = structlog.get_logger("tensord.procs")
@@ -75,6 +76,8 @@ async def run_engine(
     drain when told; exit EXIT_DEVICE_LOST after a sticky device error."""
     structlog.contextvars.bind_contextvars(role="engine")
     _ignore_signals()
+    apply_live_settings(config)  # the GIL switch interval, as the one-process daemon
+    heap.tune()
     stop = asyncio.Event()
     exit_code = 0
     hosts: list[EngineHost] = []
@@ -121,7 +124,9 @@ async def run_engine(
             except Exception as exc:
                 log.error("engine.reload_config_failed", error=str(exc))
         dataplane.apply(config)
+        apply_live_settings(config)
         changes = await dataplane.reload_models(config.model_repository)
+        heap.settle()
         log.info("engine.reloaded", added=changes.added, changed=changes.changed,
                  removed=changes.removed, load_failed=changes.failed)  # fmt: skip
         host.models_changed()
@@ -133,6 +138,8 @@ async def run_engine(
     await asyncio.wait({loading, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")
     if loading.done() and not stop.is_set():
         loading.result()
+        seconds, frozen = heap.settle()  # the loaded heap out of every later collection
+        log.info("server.heap_frozen", objects=frozen, collect_ms=round(seconds * 1e3, 1))
         dataplane.serving = True
         host.loaded = True
         host.models_changed()

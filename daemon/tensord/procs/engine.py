@@ -19,12 +19,15 @@ import structlog
 
 from tensord.access import current_principal
 from tensord.dataplane import DataPlane, GenerateCall, PredictCall
+from tensord.errors import ResourceExhaustedError
 from tensord.procs.link import Link
 from tensord.procs.messages import ErrorReport
 from tensord.procs.ring import Ring
 
 log = structlog.get_logger("tensord.engine")
 
+_REPLY_MARGIN = 64 * 1024
+"""Bytes counted for a reply beyond its tensors (its pickle and headers)."""
 MAX_BACKLOG = 4096
 """Messages waiting for room in a frontend's reply ring before its link is dropped."""
 QUERIES = frozenset({"info", "model_snapshots", "chat_prompt"})
@@ -39,26 +42,19 @@ class FrontendLink:
         self.host = host
         self.link = Link(outgoing, incoming, self._received)
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self._out: list[Any] = []
-        self._flush_handle: asyncio.Handle | None = None
 
-    def post(self, message: Any) -> None:
-        """Send `message` with the others of this pass of the loop."""
-        self._out.append(message)
-        if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_handle = None
-        out, self._out = self._out, []
-        if out and not self.link.closed:
-            self.link.send(out[0] if len(out) == 1 else ("batch", out))
-            if self.link.backlog > MAX_BACKLOG:
-                # The frontend stopped reading (hung): its work is dropped rather than
-                # held in memory without bound; the watchdog sees the frontend too.
-                log.error("engine.frontend_not_reading", frontend=self.index,
-                          backlog=self.link.backlog)  # fmt: skip
-                self.host.remove_frontend(self.index)
+    def post(self, message: Any, size: int = 0) -> None:
+        """Send `message` (of `size` tensor bytes) with the others of this pass of the
+        loop."""
+        if self.link.closed:
+            return
+        self.link.post(message, size)
+        if self.link.backlog > MAX_BACKLOG:
+            # The frontend stopped reading (hung): its work is dropped rather than held in
+            # memory without bound; the watchdog sees the frontend too.
+            log.error("engine.frontend_not_reading", frontend=self.index,
+                      backlog=self.link.backlog)  # fmt: skip
+            self.host.remove_frontend(self.index)
 
     def _received(self, message: Any) -> None:
         kind = message[0]
@@ -96,7 +92,14 @@ class FrontendLink:
 
     async def _predict(self, call_id: int, call: PredictCall) -> None:
         result = await self.host.dataplane.predict(call)
-        self.post(("ok", call_id, result))
+        size = sum(array.nbytes for _, array in result.outputs) + _REPLY_MARGIN
+        if size > self.link.outgoing.max_payload:
+            raise ResourceExhaustedError(
+                f"the reply's tensors take {size - _REPLY_MARGIN} bytes, more than the ring "
+                f"back to the frontend holds ({self.link.outgoing.max_payload} bytes: twice "
+                "[server] max_send_message_bytes)"
+            )
+        self.post(("ok", call_id, result), size)
 
     async def _generate(self, call_id: int, call: GenerateCall) -> None:
         chunks = self.host.dataplane.generate(call)

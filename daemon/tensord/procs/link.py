@@ -1,7 +1,9 @@
 """One frontend's link with the engine on an event loop: a ring each way, messages in and out.
 
 Received messages are handed to a callback as the doorbell rings, a bounded batch per
-wake-up so that one busy link cannot hold the loop. A message the outgoing ring has no room
+wake-up so that one busy link cannot hold the loop. Messages posted in one pass of the
+event loop leave as one record (`post`): under load one doorbell, one wake-up of the other
+process, serves many calls. A message the outgoing ring has no room
 for waits in a backlog, written in order as the other end frees space (`send`), or is
 refused at once (`try_send`: a frontend answers a new request RESOURCE_EXHAUSTED rather than
 queue without bound).
@@ -37,6 +39,10 @@ class Link:
         self._backlog: collections.deque[list[bytes | memoryview]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._retry: asyncio.TimerHandle | None = None
+        self._pending: list[tuple[Any, int]] = []
+        self.pending_bytes = 0
+        """Tensor bytes of the messages posted and not yet written."""
+        self._flush_handle: asyncio.Handle | None = None
         self.closed = False
 
     def open(self) -> None:
@@ -71,6 +77,37 @@ class Link:
             self._backlog.append(parts)
             self._schedule()
 
+    def post(self, message: Any, size: int = 0) -> None:
+        """Send `message` with the others posted in this pass of the event loop, as one
+        record (one doorbell for all); `size` is its tensors' bytes, for `pending_bytes`."""
+        if self.closed:
+            raise LinkClosed("the link to the other process is closed")
+        self._pending.append((message, size))
+        self.pending_bytes += size
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._send_pending)
+
+    def _send_pending(self) -> None:
+        """The posted messages as few records as fit: a record holds at most half the
+        ring, so large tensors go in groups."""
+        self._flush_handle = None
+        pending, self._pending = self._pending, []
+        self.pending_bytes = 0
+        limit = self.outgoing.max_payload // 2
+        group: list[Any] = []
+        size = 0
+        for message, nbytes in pending:
+            if group and size + nbytes > limit:
+                self._send_group(group)
+                group, size = [], 0
+            group.append(message)
+            size += nbytes
+        self._send_group(group)
+
+    def _send_group(self, group: list[Any]) -> None:
+        if group and not self.closed:
+            self.send(group[0] if len(group) == 1 else ("batch", group))
+
     @property
     def backlog(self) -> int:
         return len(self._backlog)
@@ -94,6 +131,9 @@ class Link:
         self.closed = True
         if self._retry is not None:
             self._retry.cancel()
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._pending.clear()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self.incoming.fileno())
         self._backlog.clear()

@@ -125,18 +125,18 @@ class RemoteDataPlane:
         link = self._link
         if link is None:
             raise UnavailableError(NO_ENGINE)
-        if tensor_bytes + _RING_MARGIN > link.outgoing.free_bytes() or link.backlog:
+        if tensor_bytes + _RING_MARGIN > link.outgoing.max_payload:
+            raise ResourceExhaustedError(
+                f"the request's tensors take {tensor_bytes} bytes, more than a frontend's "
+                f"ring to the engine holds ({link.outgoing.max_payload} bytes)"
+            )
+        room = link.outgoing.free_bytes() - link.pending_bytes
+        if tensor_bytes + _RING_MARGIN > room or link.backlog:
             raise ResourceExhaustedError(
                 "the engine's request ring is full (calls in flight hold its space); "
                 "retry shortly, or lower the load on this server"
             )
-        try:
-            link.send(message)
-        except ValueError:
-            raise ResourceExhaustedError(
-                f"the request's tensors take {tensor_bytes} bytes, more than a frontend's "
-                f"ring to the engine holds ({link.outgoing.max_payload} bytes)"
-            ) from None
+        link.post(message, tensor_bytes + _RING_MARGIN)
 
     async def _ask(self, message: tuple[Any, ...], tensor_bytes: int = 0) -> Any:
         call_id = message[1]
@@ -154,7 +154,7 @@ class RemoteDataPlane:
     def _abort(self, call_id: int) -> None:
         link = self._link
         if link is not None and not link.closed:
-            link.send(("abort", call_id))
+            link.post(("abort", call_id))
 
     # What the servers call.
 
