@@ -140,16 +140,17 @@ FRONTENDS_TIER = tests/grpc/test_predict.py tests/grpc/test_health_info.py \
 	tests/grpc/test_kserve.py tests/grpc/test_processing.py tests/grpc/test_bad_input.py \
 	tests/grpc/test_generate.py tests/grpc/test_batching.py tests/grpc/test_random_requests.py \
 	tests/grpc/test_reflection.py tests/grpc/test_auth.py tests/grpc/test_limits.py \
-	tests/grpc/test_intake.py tests/grpc/test_client_api.py tests/grpc/test_readiness.py
+	tests/grpc/test_intake.py tests/grpc/test_client_api.py tests/grpc/test_readiness.py \
+	tests/e2e/test_fuzz.py
 
 test: $(VENV)/.setup-dev $(VENV)/.setup-export npm-deps systemd-tools test-packages
 	$(PY) -m pytest $(ARGS)
 ifeq ($(ARGS),)
-	TENSORD_TEST_FRONTENDS=2 $(PY) -m pytest -p no:cacheprovider -m "not in_process" $(FRONTENDS_TIER)
+	TENSORD_TEST_FRONTENDS=2 TENSORD_FUZZ_SECONDS=10 $(PY) -m pytest -p no:cacheprovider -m "not in_process" $(FRONTENDS_TIER)
 endif
 
 test-frontends: $(VENV)/.setup-dev
-	TENSORD_TEST_FRONTENDS=2 $(PY) -m pytest -p no:cacheprovider -m "not in_process" $(FRONTENDS_TIER)
+	TENSORD_TEST_FRONTENDS=2 TENSORD_FUZZ_SECONDS=10 $(PY) -m pytest -p no:cacheprovider -m "not in_process" $(FRONTENDS_TIER)
 
 bench: $(VENV)/.setup-dev $(VENV)/.setup-export demo
 	$(PY) benchmarks/predict_bench.py $(ARGS)

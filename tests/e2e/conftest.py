@@ -120,8 +120,15 @@ def spawn_daemon(repo: Path, log_path: Path, *extra: str) -> subprocess.Popen[st
             stdout=log_file,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **_frontends()},
         )
+
+
+def _frontends() -> dict[str, str]:
+    """In the frontends tier (TENSORD_TEST_FRONTENDS=N), the daemon runs N frontends."""
+    from tests.conftest import FRONTENDS
+
+    return {"TENSORD_SERVER_FRONTENDS": str(FRONTENDS)} if FRONTENDS else {}
 
 
 def start_daemon(repo: Path, log_path: Path, *extra: str) -> Daemon:

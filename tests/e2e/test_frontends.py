@@ -31,9 +31,11 @@ def spawn(
 ) -> subprocess.Popen[str]:
     """The daemon on `repo`; `extra` holds more tables, `server` more [server] keys."""
     config = tmp_path / "tensord.toml"
+    if "drain_grace_seconds" not in server:
+        server += "\ndrain_grace_seconds = 10"
     config.write_text(
         f'model_repository = "{repo}"\n{extra}\n[server]\nlisten = "127.0.0.1:0"\n'
-        f'frontends = {frontends}\ndrain_grace_seconds = 10\nlog_format = "json"\n{server}\n'
+        f'frontends = {frontends}\nlog_format = "json"\n{server}\n'
     )
     log_path = tmp_path / "tensord.log"
     with log_path.open("w") as log_file:
@@ -454,3 +456,60 @@ def test_a_full_ring_answers_resource_exhausted(demo_repo: Path, tmp_path: Path)
     finally:
         if daemon.process.poll() is None:
             daemon.process.kill()
+
+
+def test_mutual_tls_on_every_frontend(demo_repo: Path, tmp_path: Path) -> None:
+    from tensord_client import TLSOptions
+    from tests.certs import CertificateAuthority
+
+    ca = CertificateAuthority(tmp_path, "frontends CA")
+    server = ca.issue("tensord.test", server=True, stem="server")
+    mine = ca.issue("client-1", server=False)
+    tls = (
+        f'[tls]\ncert_file = "{server.cert_file}"\nkey_file = "{server.key_file}"\n'
+        f'client_ca_file = "{ca.cert_file}"'
+    )
+    process = spawn(demo_repo, tmp_path, extra=tls)
+    try:
+        port = listening_port(tmp_path / "tensord.log", process)
+        _wait(lambda: _event(tmp_path / "tensord.log", "supervisor.ready") is not None,
+              tmp_path / "tensord.log")  # fmt: skip
+        options = TLSOptions(ca.cert_file, certificate_chain=mine.cert_file,
+                             private_key=mine.key_file)  # fmt: skip
+        for _ in range(4):  # new connections: both frontends
+            with Client(f"127.0.0.1:{port}", timeout=10, retries=0, tls=options,
+                        options=[("grpc.use_local_subchannel_pool", 1)]) as client:  # fmt: skip
+                assert client.predict("mlp", {"input": X})["output"].shape == (3, 10)
+            with Client(f"127.0.0.1:{port}", timeout=5, retries=0, tls=TLSOptions(ca.cert_file),
+                        options=[("grpc.use_local_subchannel_pool", 1)]) as stranger:  # fmt: skip
+                with pytest.raises(grpc.RpcError) as caught:
+                    stranger.health()
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # no handshake
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def test_drain_ends_running_streams_with_unavailable(demo_repo: Path, tmp_path: Path) -> None:
+    process = spawn(demo_repo, tmp_path, server="drain_grace_seconds = 2")
+    log_path = tmp_path / "tensord.log"
+    try:
+        port = listening_port(log_path, process)
+        _wait(lambda: _event(log_path, "supervisor.ready") is not None, log_path)
+        with Client(f"127.0.0.1:{port}", timeout=30, retries=0) as client:
+            stream = client.generate("tinylm", token_ids=[5, 6, 7], max_tokens=2000,
+                                     ignore_eos=True)  # fmt: skip
+            next(stream)
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            with pytest.raises(grpc.RpcError) as caught:
+                for _ in stream:
+                    pass
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in caught.value.details()
+            assert time.monotonic() - started < 5
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
