@@ -21,7 +21,7 @@ from tensord.access import current_principal
 from tensord.dataplane import DataPlane, GenerateCall, PredictCall
 from tensord.errors import ResourceExhaustedError
 from tensord.procs.link import Link
-from tensord.procs.messages import ErrorReport
+from tensord.procs.messages import ErrorReport, pack_result, unpack_call
 from tensord.procs.ring import Ring
 
 log = structlog.get_logger("tensord.engine")
@@ -66,7 +66,8 @@ class FrontendLink:
             if task is not None:
                 task.cancel()
         elif kind == "predict":
-            self._start(message[1], message[2], self._predict(message[1], message[3]))
+            call = unpack_call(message[3])
+            self._start(message[1], message[2], self._predict(message[1], call))
         elif kind == "generate":
             self._start(message[1], message[2], self._generate(message[1], message[3]))
         elif kind == "call":
@@ -99,7 +100,7 @@ class FrontendLink:
                 f"back to the frontend holds ({self.link.outgoing.max_payload} bytes: twice "
                 "[server] max_send_message_bytes)"
             )
-        self.post(("ok", call_id, result), size)
+        self.post(("result", call_id, pack_result(result)), size)
 
     async def _generate(self, call_id: int, call: GenerateCall) -> None:
         chunks = self.host.dataplane.generate(call)

@@ -44,6 +44,7 @@ from tensord.errors import (
     UnavailableError,
 )
 from tensord.procs.link import Link
+from tensord.procs.messages import pack_call, unpack_result
 from tensord.procs.ring import Ring
 
 ENGINE_GONE = "the engine process restarted while this call was in it; retry"
@@ -104,10 +105,12 @@ class RemoteDataPlane:
             queue = self._streams.get(message[1])
             if queue is not None:
                 queue.put_nowait(message[2])
-        elif kind == "ok" or kind == "error":
+        elif kind == "ok" or kind == "result" or kind == "error":
             future = self._waiting.pop(message[1], None)
             queue = self._streams.pop(message[1], None)
-            if kind == "ok" and future is not None and not future.done():
+            if kind == "result" and future is not None and not future.done():
+                future.set_result(unpack_result(message[2]))
+            elif kind == "ok" and future is not None and not future.done():
                 future.set_result(message[2])
             elif kind == "error":
                 error = message[2].exception()
@@ -162,7 +165,7 @@ class RemoteDataPlane:
         self._check_serving()
         check_model(call.model)
         size = sum(array.nbytes for _, array in call.inputs)
-        message = ("predict", next(self._ids), current_principal.get(), call)
+        message = ("predict", next(self._ids), current_principal.get(), pack_call(call))
         result: PredictResult = await self._ask(message, size)
         return result
 

@@ -1,0 +1,126 @@
+"""The engine process's own CPU per Predict, without another process: where the floor is.
+
+    python benchmarks/engine_cost.py [--requests 6000] [--in-flight 32]
+
+In one process and one event loop, a stand-in frontend posts batch-1 Predict messages to
+an EngineHost over real rings and reads the replies, `--in-flight` at a time, on the null
+model (`null_model.py`) and its batched twin. Printed per request, in µs of CPU:
+  data plane   DataPlane.predict alone (validation, executor or batcher, lanes)
+  engine       the same through the rings: decode, task, data plane, encode, ring writes
+  frontend     what the stand-in frontend's side of the link costs (encode, decode)
+so `engine - data plane` is what the link adds in Python, and what a real run measures
+beyond `engine` is the cost of waking processes and threads on the machine
+(`ring_bench.py` measures that alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import use_venv  # noqa: F401  (re-runs this script under .venv when needed)
+from null_model import build_null_repository
+
+from tensord import heap
+from tensord.config import load_config
+from tensord.dataplane import DataPlane, PredictCall
+from tensord.eventloop import run
+from tensord.procs.engine import EngineHost
+from tensord.procs.link import Link
+from tensord.procs.messages import pack_call, unpack_result
+from tensord.procs.ring import Ring
+
+INPUT = np.zeros((1, 16), np.float32)
+
+
+async def data_plane_alone(dataplane: DataPlane, model: str, n: int, in_flight: int) -> float:
+    async def worker(count: int) -> None:
+        for _ in range(count):
+            await dataplane.predict(PredictCall(model, 0, [("input", INPUT)], [], None))
+
+    start = time.process_time()
+    await asyncio.gather(*(worker(n // in_flight) for _ in range(in_flight)))
+    return (time.process_time() - start) / n * 1e6
+
+
+async def through_rings(dataplane: DataPlane, model: str, n: int, in_flight: int) -> float:
+    requests, replies = Ring.create(1 << 24), Ring.create(1 << 24)
+    host = EngineHost(dataplane)
+    host.loaded = True
+    host.add_frontend(0, Ring.attach(*_dup(replies)), Ring.attach(*_dup(requests)))
+    waiting: dict[int, asyncio.Future[Any]] = {}
+
+    def received(message: Any) -> None:
+        for each in message[1] if message[0] == "batch" else [message]:
+            future = waiting.pop(each[1], None) if each[0] in ("result", "error") else None
+            if future is not None:
+                future.set_result(each)
+
+    frontend = Link(requests, replies, received)
+    frontend.open()
+    ids = itertools.count()
+
+    async def worker(count: int) -> None:
+        for _ in range(count):
+            call_id = next(ids)
+            future = asyncio.get_running_loop().create_future()
+            waiting[call_id] = future
+            call = PredictCall(model, 0, [("input", INPUT)], [], None)
+            frontend.post(("predict", call_id, None, pack_call(call)))
+            reply = await future
+            assert reply[0] == "result", reply
+            unpack_result(reply[2])
+
+    start = time.process_time()
+    await asyncio.gather(*(worker(n // in_flight) for _ in range(in_flight)))
+    cost = (time.process_time() - start) / n * 1e6
+    host.close()
+    frontend.close()
+    return cost
+
+
+def _dup(ring: Ring) -> tuple[int, int]:
+    import os
+
+    memory, event = ring.fds()
+    return os.dup(memory), os.dup(event)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    root = Path(tempfile.mkdtemp(prefix="tensord-engine-cost-"))
+    build_null_repository(root)
+    config = load_config(None, env={}, overrides={"model_repository": str(root)})
+    dataplane = DataPlane.for_config(config)
+    await dataplane.load_models()
+    dataplane.serving = True
+    heap.tune()
+    heap.settle()
+    print("| model | data plane µs | engine through rings µs (incl. stand-in frontend) |")
+    print("| --- | --- | --- |")
+    for model in ("null", "null_batched"):
+        await data_plane_alone(dataplane, model, args.requests // 4, args.in_flight)  # warm
+        alone = min([await data_plane_alone(dataplane, model, args.requests, args.in_flight)
+                     for _ in range(3)])  # fmt: skip
+        rings = min([await through_rings(dataplane, model, args.requests, args.in_flight)
+                     for _ in range(3)])  # fmt: skip
+        print(f"| {model} | {alone:.1f} | {rings:.1f} |")
+    await dataplane.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=6000)
+    parser.add_argument("--in-flight", type=int, default=32)
+    args = parser.parse_args()
+    run(main_async(args), "auto")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
