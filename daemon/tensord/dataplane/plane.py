@@ -65,11 +65,14 @@ NOT_SERVING = "the server is starting or draining; retry shortly"
 _INLINE_TOKENIZE_CHARS = 2048
 
 
-async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory) -> list[int]:
-    """The prompt as token ids: given, or the text tokenised (long texts on a worker
-    thread); admission checks what it holds."""
+async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory, version: int) -> list[int]:
+    """The prompt as token ids: given, tokenised by a frontend with this version's
+    tokenizer, or the text tokenised here (long texts on a worker thread); admission
+    checks what it holds."""
     if call.prompt_token_ids or not call.prompt:
         return call.prompt_token_ids
+    if call.tokenized is not None and call.tokenized_version == version:
+        return call.tokenized
     if len(call.prompt) > _INLINE_TOKENIZE_CHARS:
         return await asyncio.to_thread(directory.encode_prompt, call.prompt)
     return directory.encode_prompt(call.prompt)
@@ -187,7 +190,7 @@ class DataPlane:
         # Counted before the first await (tokenising a long prompt goes to a thread): a
         # reload frees a swapped-out version only once the calls holding it have ended.
         with entry.inflight:
-            ids = await _prompt_ids(call, engine.directory)
+            ids = await _prompt_ids(call, engine.directory, entry.version)
             fields = GenerateFields(
                 token_ids=len(call.prompt_token_ids),
                 prompt_token_ids=ids,
@@ -302,11 +305,17 @@ class DataPlane:
         entries = []
         for mv in self.registry.versions():
             generator, tokenizer = None, ""
+            prefix: tuple[int, ...] = ()
             if isinstance(mv, GeneratorVersion) and mv.engine is not None:
                 generator = self._generator_entry(mv.name, mv.engine)
-                tokenizer = str(mv.engine.directory.spec.tokenizer_path)
+                spec = mv.engine.directory.spec
+                tokenizer = str(spec.tokenizer_path)
+                if spec.add_bos_token and spec.bos_token_id is not None:
+                    prefix = (spec.bos_token_id,)
             entries.append(
-                TableEntry(mv.name, mv.version, mv.state, mv.reason, mv.kind, generator, tokenizer)
+                TableEntry(
+                    mv.name, mv.version, mv.state, mv.reason, mv.kind, generator, tokenizer, prefix
+                )
             )
         verdict = judge(self.ready_when, self.registry.versions())
         return ModelTable(loaded, verdict, tuple(entries))

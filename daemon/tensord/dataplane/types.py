@@ -89,6 +89,10 @@ class GenerateCall:
     arrival: float = 0.0
     """time.monotonic() when the server received the request (0: when the engine admits
     it); the stream's time to first token and inter-token times count from here."""
+    tokenized: list[int] | None = None
+    """The text prompt as token ids, when a frontend process tokenised it with the
+    tokenizer of version `tokenized_version` (the engine uses them for that version)."""
+    tokenized_version: int = 0
 
 
 @dataclass(slots=True)
@@ -201,6 +205,9 @@ class TableEntry:
     """A READY generator's admission row."""
     tokenizer_path: str = ""
     """A READY generator's tokenizer.json."""
+    prompt_prefix: tuple[int, ...] = ()
+    """What a READY generator puts before a text prompt's tokens (its BOS, when it wants
+    one)."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -71,9 +71,7 @@ def pack_arrays(named: list[tuple[str, np.ndarray]]) -> PackedArrays:
         if array.dtype.hasobject or not array.flags.c_contiguous:
             packed.append((name, array))
         else:
-            packed.append(
-                (name, array.dtype.str, array.shape, pickle.PickleBuffer(array.data))
-            )
+            packed.append((name, array.dtype.str, array.shape, pickle.PickleBuffer(array.data)))
     return packed
 
 

@@ -35,6 +35,7 @@ from tensord.dataplane import (
     RepositoryChanges,
     RequestOutput,
     ServerInfo,
+    TableEntry,
 )
 from tensord.dataplane.admission import GenerateFields, admit
 from tensord.errors import (
@@ -49,6 +50,8 @@ from tensord.procs.ring import Ring
 
 ENGINE_GONE = "the engine process restarted while this call was in it; retry"
 NO_ENGINE = "the engine process is starting or restarting; retry shortly"
+_INLINE_TOKENIZE_CHARS = 2048
+"""Longer prompts are tokenised on a worker thread, not on the event loop."""
 _RING_MARGIN = 64 * 1024
 """Room kept in the request ring beyond a call's tensors (its pickle and headers)."""
 
@@ -172,6 +175,8 @@ class RemoteDataPlane:
     async def generate(self, call: GenerateCall) -> AsyncGenerator[RequestOutput, None]:
         self._check_serving()
         check_model(call.model)
+        if call.prompt and not call.prompt_token_ids:
+            await self._tokenize(call)
         call_id = next(self._ids)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._streams[call_id] = queue
@@ -211,29 +216,51 @@ class RemoteDataPlane:
         snapshots: list[ModelSnapshot] = await self._query("model_snapshots", model)
         return snapshots
 
-    def token_texts(self, model: str, version: int) -> Callable[[Sequence[int]], list[str]]:
-        """As DataPlane.token_texts, with the tokenizer read here from the newest READY
-        version's file (once per file)."""
-        check_model(model)
-        entry = self._ready_generator(model, version)
-        tokenizer = self._tokenizers.get(entry)
+    async def _tokenize(self, call: GenerateCall) -> None:
+        """The text prompt's token ids, made here with the tokenizer of the version the
+        table says serves (long texts on a worker thread), so that the engine does not;
+        when the table has no READY version, the engine tokenises (and answers why not)."""
+        entry = self._ready_entry(call.model, call.version)
+        if entry is None:
+            return
+        tokenizer = self._tokenizer(entry.tokenizer_path)
+        if len(call.prompt) > _INLINE_TOKENIZE_CHARS:
+            encoded = await asyncio.to_thread(
+                tokenizer.encode, call.prompt, add_special_tokens=False
+            )
+        else:
+            encoded = tokenizer.encode(call.prompt, add_special_tokens=False)
+        call.tokenized = [*entry.prompt_prefix, *encoded.ids]
+        call.tokenized_version = entry.version
+
+    def _tokenizer(self, path: str) -> Tokenizer:
+        tokenizer = self._tokenizers.get(path)
         if tokenizer is None:
-            tokenizer = self._tokenizers[entry] = Tokenizer.from_file(entry)
+            tokenizer = self._tokenizers[path] = Tokenizer.from_file(path)
+        return tokenizer
 
-        def texts(ids: Sequence[int]) -> list[str]:
-            return tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
-
-        return texts
-
-    def _ready_generator(self, model: str, version: int) -> str:
+    def _ready_entry(self, model: str, version: int) -> TableEntry | None:
+        """The READY generator version a call for (`model`, `version`) gets, or None."""
         found = [
             e
             for e in self.table.versions
             if e.name == model and e.tokenizer_path and (not version or e.version == version)
         ]
-        if not found:
+        return max(found, key=lambda e: e.version) if found else None
+
+    def token_texts(self, model: str, version: int) -> Callable[[Sequence[int]], list[str]]:
+        """As DataPlane.token_texts, with the tokenizer read here from the newest READY
+        version's file (once per file)."""
+        check_model(model)
+        entry = self._ready_entry(model, version)
+        if entry is None:
             raise UnavailableError(f"model {model!r} has no READY generator version here")
-        return max(found, key=lambda e: e.version).tokenizer_path
+        tokenizer = self._tokenizer(entry.tokenizer_path)
+
+        def texts(ids: Sequence[int]) -> list[str]:
+            return tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+
+        return texts
 
     def check_prompt_size(
         self, model: str, version: int, prompt_bytes: int, token_ids: int, exact: bool = True
