@@ -62,3 +62,24 @@ def test_errors_cross_with_their_status(exc: BaseException) -> None:
         assert isinstance(again, errors.InternalError) and "KeyError" in again.message
     if isinstance(exc, errors.RateLimitedError):
         assert again.retry_after_s == 1.5
+
+
+def test_generate_chunks_cross_whole() -> None:
+    from tensord.dataplane import RequestOutput, TokenLogprob
+    from tensord.generate.core.outputs import Usage
+    from tensord.procs.messages import pack_chunk, unpack_chunk
+
+    chunks = [
+        RequestOutput("r1", 0, [5, 6], "ab", None, None, None),
+        RequestOutput(
+            "r1",
+            2,
+            [7],
+            "c",
+            [TokenLogprob(7, -0.5, ((7, -0.5), (3, -1.25)))],
+            "stop",
+            Usage(3, 3, 1.5, 0.25),
+        ),
+    ]
+    for chunk in chunks:
+        assert unpack_chunk(through(pack_chunk(chunk))) == chunk  # type: ignore[arg-type]

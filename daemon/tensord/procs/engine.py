@@ -21,7 +21,7 @@ from tensord.access import current_principal
 from tensord.dataplane import DataPlane, GenerateCall, PredictCall
 from tensord.errors import ResourceExhaustedError
 from tensord.procs.link import Link
-from tensord.procs.messages import ErrorReport, pack_result, unpack_call
+from tensord.procs.messages import ErrorReport, pack_chunk, pack_result, unpack_call
 from tensord.procs.ring import Ring
 
 log = structlog.get_logger("tensord.engine")
@@ -106,7 +106,7 @@ class FrontendLink:
         chunks = self.host.dataplane.generate(call)
         try:
             async for chunk in chunks:
-                self.post(("chunk", call_id, chunk))
+                self.post(("chunk", call_id, pack_chunk(chunk)))
         finally:
             await chunks.aclose()  # a cancel aborts the sequence and frees its blocks
         self.post(("chunk", call_id, None))

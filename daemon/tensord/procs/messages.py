@@ -15,7 +15,7 @@ Engine to frontend:
     ("result", id, pack_result(PredictResult))
     ("ok", id, result)                         a query's answer
     ("error", id, ErrorReport)
-    ("chunk", id, RequestOutput | None)        a Generate chunk; None ends the stream
+    ("chunk", id, pack_chunk(RequestOutput) | None)  a Generate chunk; None ends it
     ("table", ModelTable)
 Either way, ("batch", [message, ...]): the messages of one pass of the event loop.
 """
@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from tensord import errors
-from tensord.dataplane import PredictCall, PredictResult
+from tensord.dataplane import PredictCall, PredictResult, RequestOutput, TokenLogprob
+from tensord.generate.core.outputs import Usage
 
 _COUNT = struct.Struct("<I")
 _SIZE = struct.Struct("<Q")
@@ -115,6 +116,44 @@ def pack_result(result: PredictResult) -> tuple[Any, ...]:
 def unpack_result(packed: tuple[Any, ...]) -> PredictResult:
     model, version, outputs, queue_s, compute_s = packed
     return PredictResult(model, version, unpack_arrays(outputs), queue_s, compute_s)
+
+
+def pack_chunk(chunk: RequestOutput) -> tuple[Any, ...]:
+    """A Generate chunk as a plain tuple (five times cheaper to pickle both ways)."""
+    logprobs = None
+    if chunk.logprobs is not None:
+        logprobs = [(lp.token_id, lp.logprob, lp.top) for lp in chunk.logprobs]
+    usage = None
+    if chunk.usage is not None:
+        u = chunk.usage
+        usage = (
+            u.prompt_tokens,
+            u.completion_tokens,
+            u.time_to_first_token_ms,
+            u.mean_inter_token_ms,
+        )
+    return (
+        chunk.request_id,
+        chunk.index,
+        chunk.token_ids,
+        chunk.text,
+        logprobs,
+        chunk.finish_reason,
+        usage,
+    )
+
+
+def unpack_chunk(packed: tuple[Any, ...]) -> RequestOutput:
+    request_id, index, token_ids, text, logprobs, finish_reason, usage = packed
+    return RequestOutput(
+        request_id,
+        index,
+        token_ids,
+        text,
+        None if logprobs is None else [TokenLogprob(*lp) for lp in logprobs],
+        finish_reason,
+        None if usage is None else Usage(*usage),
+    )
 
 
 @dataclass(slots=True, frozen=True)

@@ -45,7 +45,7 @@ from tensord.errors import (
     UnavailableError,
 )
 from tensord.procs.link import Link
-from tensord.procs.messages import pack_call, unpack_result
+from tensord.procs.messages import pack_call, unpack_chunk, unpack_result
 from tensord.procs.ring import Ring
 
 ENGINE_GONE = "the engine process restarted while this call was in it; retry"
@@ -107,7 +107,8 @@ class RemoteDataPlane:
         elif kind == "chunk":
             queue = self._streams.get(message[1])
             if queue is not None:
-                queue.put_nowait(message[2])
+                packed = message[2]
+                queue.put_nowait(None if packed is None else unpack_chunk(packed))
         elif kind == "ok" or kind == "result" or kind == "error":
             future = self._waiting.pop(message[1], None)
             queue = self._streams.pop(message[1], None)
