@@ -61,7 +61,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         frontends = frontend_count(config)
         if frontends:
-            return run(_supervise(config, frontends), config.server.event_loop)
+            supervise = _supervise(config, frontends, lambda: _config_from(args))
+            return run(supervise, config.server.event_loop)
         main = _serve(TensordServer, config, lambda: _config_from(args))
         return run(main, config.server.event_loop)
     except (OSError, ModelLoadError, RuntimeError) as exc:
@@ -84,10 +85,10 @@ def _serve_args() -> list[str]:
     return kept
 
 
-async def _supervise(config: Any, frontends: int) -> int:
+async def _supervise(config: Any, frontends: int, config_loader: Any) -> int:
     from tensord.procs.supervisor import Supervisor
 
-    return await Supervisor(config, _serve_args(), frontends).run()
+    return await Supervisor(config, _serve_args(), frontends, config_loader).run()
 
 
 async def _serve_child(args: argparse.Namespace, config: Any) -> int:

@@ -181,7 +181,6 @@ async def run_frontend(
     server = TensordServer(config, config_loader=config_loader, dataplane=remote)
     server.adopt_process_settings()
     remote.on_table = server.models_changed
-    stop_grace: list[float] = []
 
     def on_message(message: dict[str, Any], fds: list[int]) -> None:
         op = message.get("op")
@@ -192,7 +191,6 @@ async def run_frontend(
         elif op == "reload":
             server.request_reload()
         elif op == "drain":
-            stop_grace.append(float(message.get("grace", config.server.drain_grace_seconds)))
             server.request_stop()
 
     control = Control(socket.socket(fileno=control_fd), on_message, server.request_stop)
@@ -210,7 +208,7 @@ async def run_frontend(
         await stopping
     else:
         starting.cancel()
-    await server.stop(stop_grace[0] if stop_grace else None)
+    await server.stop()
     control.close()
     return server.exit_code
 

@@ -124,6 +124,9 @@ class RemoteDataPlane:
                     queue.put_nowait(error)
         elif kind == "table":
             self.table = message[1]
+            paths = {e.tokenizer_path for e in self.table.versions}
+            for gone in set(self._tokenizers) - paths:  # versions no longer served
+                del self._tokenizers[gone]
             if self.table.loaded:
                 self._loaded.set()
             self.on_table()

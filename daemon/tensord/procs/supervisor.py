@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,16 @@ class Supervisor:
     """Runs the processes of one daemon until SIGTERM or SIGINT; `run` returns the exit
     status."""
 
-    def __init__(self, config: TensordConfig, serve_args: list[str], frontends: int) -> None:
+    def __init__(
+        self,
+        config: TensordConfig,
+        serve_args: list[str],
+        frontends: int,
+        config_loader: Callable[[], TensordConfig] | None = None,
+    ) -> None:
         self.config = config
+        self.config_loader = config_loader
+        """Reads the configuration again on SIGHUP (the drain settings are live)."""
         self.serve_args = serve_args
         """`tensord serve`'s arguments, given again to each child (without --listen)."""
         self.count = frontends
@@ -309,6 +318,11 @@ class Supervisor:
         if self.stopping:
             return
         self.notifier.reloading("reloading the configuration and the model repository")
+        if self.config_loader is not None:
+            try:
+                self.config = self.config_loader()
+            except Exception as exc:  # the children log why, and keep theirs too
+                log.warning("supervisor.config_unchanged", error=str(exc))
         for child in [self.engine, *self.frontends.values()]:
             if child is not None:
                 child.control.send({"op": "reload"})
@@ -321,10 +335,10 @@ class Supervisor:
         log.info("supervisor.draining", grace_s=grace)
         frontends = list(self.frontends.values())
         for child in frontends:
-            child.control.send({"op": "drain", "grace": grace})
+            child.control.send({"op": "drain"})  # each drains with its own (reloaded) grace
         await self._wait_exit(frontends, grace + _KILL_AFTER_S)
         if self.engine is not None:
-            self.engine.control.send({"op": "drain", "grace": grace})
+            self.engine.control.send({"op": "drain"})
             await self._wait_exit([self.engine], _KILL_AFTER_S)
 
     async def _wait_exit(self, children: list[Child], timeout: float) -> None:
