@@ -99,18 +99,23 @@ def start_tensord(
     frontends: int | None = None,
     name: str = "tensord",
     cpus: Collection[int] | None = None,
+    pythonpath: str = "",
 ) -> Server:
     """Start the daemon on a free port, its logs to `log` (a file); returns once it listens.
 
     `frontends` sets `[server] frontends` (TENSORD_SERVER_FRONTENDS; None: the config's
     default). Above 0 the log level must let info lines through: the supervisor's
     `supervisor.started_child` lines name the engine's and the frontends' pids, and this
-    waits for `supervisor.ready`. `cpus` pins the daemon and every process it starts."""
+    waits for `supervisor.ready`. `cpus` pins the daemon and every process it starts;
+    `pythonpath` runs the tensord found there instead of this checkout's."""
     port = free_port(HOST)
     argv = tensord_command(repository, f"{HOST}:{port}", log_level)
     env = None
     if frontends is not None:
         env = {**os.environ, "TENSORD_SERVER_FRONTENDS": str(frontends)}
+    if pythonpath:  # another checkout's tensord (ab_bench.py)
+        env = {**(env or os.environ), "PYTHONPATH": pythonpath}
+        argv = [sys.executable, "-m", "tensord.cli", *argv[argv.index("serve") :]]
     proc = procs.start(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cpus=cpus)
     if not frontends:
         wait_for_port(HOST, port, proc, _START_TIMEOUT_S)
