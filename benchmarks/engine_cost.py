@@ -6,7 +6,8 @@ In one process and one event loop, a stand-in frontend posts batch-1 Predict mes
 an EngineHost over real rings and reads the replies, `--in-flight` at a time, on the null
 model (`null_model.py`) and its batched twin. Printed per request, in µs of CPU:
   data plane   DataPlane.predict alone (validation, executor or batcher, lanes)
-  engine       the same through the rings: decode, task, data plane, encode, ring writes
+  engine       the same through the rings, as a frontend sends it (its tensors checked
+               against the signature already): decode, task, data plane, encode, writes
   frontend     what the stand-in frontend's side of the link costs (encode, decode)
 so `engine - data plane` is what the link adds in Python, and what a real run measures
 beyond `engine` is the cost of waking processes and threads on the machine
@@ -71,7 +72,8 @@ async def through_rings(dataplane: DataPlane, model: str, n: int, in_flight: int
             call_id = next(ids)
             future = asyncio.get_running_loop().create_future()
             waiting[call_id] = future
-            call = PredictCall(model, 0, [("input", INPUT)], [], None)
+            # As a frontend sends it: checked against version 1's signature already.
+            call = PredictCall(model, 0, [("input", INPUT)], ["output"], None, 1)
             frontend.post(("predict", call_id, None, pack_call(call)))
             reply = await future
             assert reply[0] == "result", reply

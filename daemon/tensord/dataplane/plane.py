@@ -6,6 +6,7 @@ The same data plane could serve another transport; nothing here knows protobuf.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import platform
 import time
@@ -144,8 +145,12 @@ class DataPlane:
                 f"model {entry.name!r} is a generator: call Generate, which streams its tokens "
                 "(Predict runs predict models: tensors in, tensors out)"
             )
-        inputs = check_inputs(entry.name, entry.inputs, call.inputs, entry.config.max_batch_size)
-        names = check_output_names(entry.name, entry.outputs, call.output_names)
+        if call.validated_version == entry.version:  # checked by a frontend process
+            inputs, names = dict(call.inputs), call.output_names
+        else:
+            max_batch = entry.config.max_batch_size
+            inputs = check_inputs(entry.name, entry.inputs, call.inputs, max_batch)
+            names = check_output_names(entry.name, entry.outputs, call.output_names)
         executor = entry.executor
         if executor is None or entry.state is not ModelState.READY:  # unloaded between get and run
             raise UnavailableError(
@@ -312,11 +317,17 @@ class DataPlane:
                 tokenizer = str(spec.tokenizer_path)
                 if spec.add_bos_token and spec.bos_token_id is not None:
                     prefix = (spec.bos_token_id,)
-            entries.append(
-                TableEntry(
-                    mv.name, mv.version, mv.state, mv.reason, mv.kind, generator, tokenizer, prefix
-                )
+            entry = TableEntry(
+                mv.name, mv.version, mv.state, mv.reason, mv.kind, generator, tokenizer, prefix
             )
+            if isinstance(mv, PredictVersion) and mv.state is ModelState.READY:
+                entry = dataclasses.replace(
+                    entry,
+                    inputs=tuple(mv.inputs),
+                    outputs=tuple(mv.outputs),
+                    max_batch_size=mv.config.max_batch_size,
+                )
+            entries.append(entry)
         verdict = judge(self.ready_when, self.registry.versions())
         return ModelTable(loaded, verdict, tuple(entries))
 

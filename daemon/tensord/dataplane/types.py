@@ -63,6 +63,9 @@ class PredictCall:
     output_names: list[str]
     deadline: float | None
     """time.monotonic() by which the answer is due, or None."""
+    validated_version: int = 0
+    """The version whose signature a frontend process checked `inputs` and
+    `output_names` against (then in signature order, all outputs named); 0: unchecked."""
 
 
 @dataclass(slots=True)
@@ -208,6 +211,10 @@ class TableEntry:
     prompt_prefix: tuple[int, ...] = ()
     """What a READY generator puts before a text prompt's tokens (its BOS, when it wants
     one)."""
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    max_batch_size: int = 0
+    """A READY predict version's signature, which a frontend checks requests against."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -95,12 +95,13 @@ def pack_call(call: PredictCall) -> tuple[Any, ...]:
         pack_arrays(call.inputs),
         call.output_names,
         call.deadline,
+        call.validated_version,
     )
 
 
 def unpack_call(packed: tuple[Any, ...]) -> PredictCall:
-    model, version, inputs, output_names, deadline = packed
-    return PredictCall(model, version, unpack_arrays(inputs), output_names, deadline)
+    model, version, inputs, output_names, deadline, validated = packed
+    return PredictCall(model, version, unpack_arrays(inputs), output_names, deadline, validated)
 
 
 def pack_result(result: PredictResult) -> tuple[Any, ...]:

@@ -44,6 +44,7 @@ from tensord.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+from tensord.predict.validation import check_inputs, check_output_names
 from tensord.procs.link import Link
 from tensord.procs.messages import pack_call, unpack_chunk, unpack_result
 from tensord.procs.ring import Ring
@@ -169,8 +170,17 @@ class RemoteDataPlane:
     # What the servers call.
 
     async def predict(self, call: PredictCall) -> PredictResult:
+        """Checked here against the table's signature of the version that serves (a bad
+        request never reaches the engine), then run by the engine."""
         self._check_serving()
         check_model(call.model)
+        entry = self._ready_predict(call.model, call.version)
+        if entry is not None:
+            inputs = check_inputs(entry.name, entry.inputs, call.inputs, entry.max_batch_size)
+            names = check_output_names(entry.name, entry.outputs, call.output_names)
+            call = PredictCall(
+                call.model, call.version, list(inputs.items()), names, call.deadline, entry.version
+            )
         size = sum(array.nbytes for _, array in call.inputs)
         message = ("predict", next(self._ids), current_principal.get(), pack_call(call))
         result: PredictResult = await self._ask(message, size)
@@ -242,6 +252,19 @@ class RemoteDataPlane:
         if tokenizer is None:
             tokenizer = self._tokenizers[path] = Tokenizer.from_file(path)
         return tokenizer
+
+    def _ready_predict(self, model: str, version: int) -> TableEntry | None:
+        """The READY predict version a call for (`model`, `version`) gets, or None (the
+        engine then answers why not)."""
+        found = [
+            e
+            for e in self.table.versions
+            if e.name == model
+            and e.kind == "predict"
+            and e.state is ModelState.READY
+            and (not version or e.version == version)
+        ]
+        return max(found, key=lambda e: e.version) if found else None
 
     def _ready_entry(self, model: str, version: int) -> TableEntry | None:
         """The READY generator version a call for (`model`, `version`) gets, or None."""
