@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -25,6 +26,8 @@ TENSORS = [
     ("scalar", np.array(3.5)),
     ("bool", np.array([[True, False]])),
     ("big-endian", np.arange(4, dtype=">i4")),
+    ("bfloat16", np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 3)),
+    ("complex", np.array([1 + 2j], np.complex64)),
 ]
 
 

@@ -61,16 +61,19 @@ def decode(record: bytes) -> Any:
 
 
 PackedArrays = list[tuple[Any, ...]]
+_PLAIN_KINDS = frozenset("biufc")
+"""NumPy's own numeric kinds, whose dtype string names them whole (bfloat16 from
+ml_dtypes would read back as raw bytes)."""
 
 
 def pack_arrays(named: list[tuple[str, np.ndarray]]) -> PackedArrays:
     """Named tensors as plain tuples whose bytes leave the pickle (out of band): a few
     times cheaper both ways than pickling arrays and dataclasses (a Predict's tensors are
-    most of a message's cost). Arrays of Python objects (BYTES) are pickled whole."""
+    most of a message's cost). Other arrays (BYTES, bfloat16, strided) are pickled whole."""
     packed: PackedArrays = []
     for name, array in named:
-        if array.dtype.hasobject or not array.flags.c_contiguous:
-            packed.append((name, array))
+        if array.dtype.kind not in _PLAIN_KINDS or not array.flags.c_contiguous:
+            packed.append((name, array))  # BYTES, bfloat16 (ml_dtypes), strided: whole
         else:
             packed.append((name, array.dtype.str, array.shape, pickle.PickleBuffer(array.data)))
     return packed
