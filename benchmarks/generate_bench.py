@@ -1,6 +1,7 @@
 """Generate throughput and latency of tensord against the plain ONNX Runtime loop.
 
     python benchmarks/generate_bench.py [--streams 1,4,16,32] [--rounds 9] [--quick]
+    python benchmarks/generate_bench.py --frontends 0,1,2 [--connections K] [--quick]
 
 For each stream count N, N concurrent clients each send greedy requests back to back
 (`--requests` each; by default at least 3, and enough for 1024 tokens a window), prompts
@@ -17,6 +18,19 @@ neither side is a best-of-several. At N=16 each round also serves the same 16 re
 one at a time, for the continuous-batching gain (median of the rounds' gains). Targets
 on a 2-core host: >= 0.8x the limit at 16 streams, >= 0.7x at 1, and 16 concurrent
 streams >= 5x the one-at-a-time throughput.
+
+--frontends runs one daemon per `[server] frontends` count (0: the one-process daemon,
+the default), all started at once and taking turns in each round after the limit, and adds
+each one's tokens/s over the one-process daemon's in the same round (median of the
+rounds) and the CPU time (user + system, /proc) of each of its processes over the
+windows per generated token: the one-process daemon, or the supervisor, the engine and
+the frontends (summed), and the client (this process). SO_REUSEPORT balances
+connections, not calls, so the streams spread over `--connections` TCP connections
+(stream i on connection i mod K; by default one per stream as soon as a count above 0
+is listed, else one for all), the same for every daemon. Every request's
+tokens are compared with the plain loop's for its prompt and with the first daemon's;
+each daemon's log lines at warning and above, failed calls and stalls (a gap of a
+second or more between two chunks of a stream) are reported.
 Results go to benchmarks/results/generate-<timestamp>.json.
 """
 
@@ -29,18 +43,22 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import grpc
 import onnxruntime as ort
 import use_venv
-from cpustat import MachineCpu
+from cpustat import CpuSample, cpu_between
+from frontends_bench import Daemon, daemon_log_notes, frontend_connections, log_lines, start_daemon
 from generate_limit import greedy_with_past, make_session, sample_prompts
 from machine import write_results
 from procs import ProcessGroup, exit_on_signals
-from servers import start_tensord
+from servers import Server, start_tensord
 from stats import percentile
 
 from tensord.eventloop import run
@@ -58,6 +76,11 @@ TARGETS = {1: 0.7, 16: 0.8}
 BATCHING_GAIN_TARGET = 5.0
 _WINDOW_TOKENS = 1024
 """Tokens a measured window generates at least (shorter ones drift with the host)."""
+_OWN_CONNECTION = ("grpc.use_local_subchannel_pool", 1)
+"""Given to each channel when the streams spread over several (as loadgen.py does): each
+then opens its own TCP connection instead of sharing one."""
+_STALL_S = 1.0
+"""A gap between two chunks of one stream at least this long is reported as a stall."""
 
 
 @dataclass(slots=True)
@@ -68,6 +91,14 @@ class Window:
     wall_s: float
     ttft_s: list[float]
     itl_s: list[float]
+    outputs: list[tuple[int, list[int]]] = field(default_factory=list)
+    """(prompt index, generated tokens) of each request that ended OK."""
+    errors: list[str] = field(default_factory=list)
+    """`CODE: details` of each request that failed."""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds over the window by watched process, as cpustat.cpu_between gives them."""
+    frontend_connections: dict[str, int] = field(default_factory=dict)
+    """Connections each frontend held during the window (a daemon with frontends)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -83,6 +114,23 @@ class Round:
     ratio: float
     steal: float = 0.0
     """Share of the machine's CPU time the hypervisor took during tensord's window."""
+    other_cores: float = 0.0
+    """Cores of CPU that no watched process used during the window (load from outside)."""
+    vs_one_process: float | None = None
+    """tokens/s over the one-process daemon's in the same round (with --frontends)."""
+    frontend_connections: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TokenCheck:
+    """How one daemon's tokens at one stream count compare (greedy: they should match)."""
+
+    requests: int = 0
+    differ_from_loop: int = 0
+    """Requests whose tokens are not the plain loop's for the same prompt."""
+    differ_from_first: int = 0
+    """Requests whose tokens are not the first daemon's for the same prompt."""
+    first_difference: str = ""
 
 
 @dataclass(slots=True)
@@ -98,22 +146,34 @@ class StreamPoint:
     ttft_ms_p99: float
     itl_ms_p50: float
     itl_ms_p99: float
+    itl_ms_max: float = 0.0
     limit_tokens_per_s: float = 0.0
     ratio: float = 0.0
     rounds: list[Round] = field(default_factory=list)
+    frontends: int = 0
+    connections: int = 1
+    vs_one_process: float | None = None
+    """Median of the rounds' tokens/s over the one-process daemon's (with --frontends)."""
+    cpu_us_per_token: dict[str, float] = field(default_factory=dict)
+    """CPU µs per generated token over the rounds' windows, by process: `daemon` (one
+    process) or `supervisor`, `engine`, `frontend.i`; `client` (this process)."""
+    errors: list[str] = field(default_factory=list)
+    stalls: int = 0
+    tokens_check: TokenCheck = field(default_factory=TokenCheck)
 
 
-def _limit_tokens_per_s(
+def _limit(
     session: ort.InferenceSession,
     spec: GeneratorSpec,
     prompts: list[list[int]],
     new_tokens: int,
     batches: int,
-) -> float:
+) -> tuple[float, list[list[int]]]:
     """The plain loop's tokens/s over `batches` batches back to back (wall clock), the
-    same tokens a round's served window generates."""
+    same tokens a round's served window generates; and the tokens of each prompt."""
     loops = [greedy_with_past(session, spec, prompts, new_tokens) for _ in range(batches)]
-    return len(prompts) * new_tokens * batches / sum(loop.total_s for loop in loops)
+    rate = len(prompts) * new_tokens * batches / sum(loop.total_s for loop in loops)
+    return rate, loops[0].tokens
 
 
 async def _wait_ready(target: str, timeout_s: float = 120.0) -> None:
@@ -141,22 +201,25 @@ def _summarise(streams: int, requests: int, windows: list[Window]) -> StreamPoin
         tokens=sum(w.tokens for w in windows),
         wall_s=sum(w.wall_s for w in windows),
         tokens_per_s=statistics.median(w.tokens_per_s for w in windows),
-        ttft_ms_p50=percentile(ttft, 50) * 1e3,
-        ttft_ms_p99=percentile(ttft, 99) * 1e3,
+        ttft_ms_p50=percentile(ttft, 50) * 1e3 if ttft else 0.0,
+        ttft_ms_p99=percentile(ttft, 99) * 1e3 if ttft else 0.0,
         itl_ms_p50=percentile(itl, 50) * 1e3 if itl else 0.0,
         itl_ms_p99=percentile(itl, 99) * 1e3 if itl else 0.0,
+        itl_ms_max=itl[-1] * 1e3 if itl else 0.0,
+        errors=[e for w in windows for e in w.errors],
+        stalls=sum(1 for t in itl if t >= _STALL_S),
     )
 
 
 async def _one(
     client: AsyncClient, prompt: list[int], new_tokens: int
-) -> tuple[float, list[float], int]:
+) -> tuple[float, list[float], list[int]]:
     """(time to first token, per-token gaps, tokens) of one streamed request."""
     sent = time.perf_counter()
     previous = sent
     first = 0.0
     gaps: list[float] = []
-    count = 0
+    tokens: list[int] = []
     async for chunk in client.generate(
         MODEL, token_ids=prompt, max_tokens=new_tokens, temperature=0, ignore_eos=True
     ):
@@ -164,42 +227,65 @@ async def _one(
         if not n:
             continue
         now = time.perf_counter()
-        if count == 0:
+        if not tokens:
             first = now - sent
             gaps.extend([(now - previous) / n] * (n - 1))
         else:
             gaps.extend([(now - previous) / n] * n)
         previous = now
-        count += n
-    return first, gaps, count
+        tokens.extend(chunk.token_ids)
+    return first, gaps, tokens
 
 
 async def _streams(
-    target: str, prompts: list[list[int]], requests: int, new_tokens: int, concurrent: bool
+    target: str,
+    prompts: list[list[int]],
+    requests: int,
+    new_tokens: int,
+    concurrent: bool,
+    connections: int = 1,
+    watch: Sequence[tuple[str, int]] = (),
+    server: Server | None = None,
 ) -> Window:
-    async with AsyncClient(target, timeout=600) as client:
+    """One window: a stream per prompt, stream i on channel i mod `connections` (each
+    channel its own TCP connection when there are several); the CPU of the `watch`ed
+    processes and the connections each of `server`'s frontends holds, over the window."""
+    links = max(1, min(connections, len(prompts)))
+    options = [_OWN_CONNECTION] if links > 1 else []
+    async with AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(AsyncClient(target, timeout=600, options=options))
+            for _ in range(links)
+        ]
         # Warm-up: one request per stream (not measured).
-        await asyncio.gather(*(_one(client, p, 4) for p in prompts))
-        ttft: list[float] = []
-        itl: list[float] = []
-        tokens = 0
+        await asyncio.gather(*(_one(clients[i % links], p, 4) for i, p in enumerate(prompts)))
+        window = Window(0, 0.0, [], [])
+        if server is not None and server.parts:
+            window.frontend_connections = frontend_connections(server)
 
-        async def stream(prompt: list[int]) -> None:
-            nonlocal tokens
+        async def stream(index: int, prompt: list[int]) -> None:
+            client = clients[index % links]
             for _ in range(requests):
-                first, gaps, count = await _one(client, prompt, new_tokens)
-                ttft.append(first)
-                itl.extend(gaps)
-                tokens += count
+                try:
+                    first, gaps, tokens = await _one(client, prompt, new_tokens)
+                except grpc.aio.AioRpcError as exc:
+                    window.errors.append(f"{exc.code().name}: {exc.details()}")
+                    continue
+                window.ttft_s.append(first)
+                window.itl_s.extend(gaps)
+                window.tokens += len(tokens)
+                window.outputs.append((index, tokens))
 
+        before = CpuSample.take(watch)
         start = time.perf_counter()
         if concurrent:
-            await asyncio.gather(*(stream(p) for p in prompts))
+            await asyncio.gather(*(stream(i, p) for i, p in enumerate(prompts)))
         else:
-            for prompt in prompts:
-                await stream(prompt)
-        wall = time.perf_counter() - start
-    return Window(tokens, wall, ttft, itl)
+            for i, prompt in enumerate(prompts):
+                await stream(i, prompt)
+        window.wall_s = time.perf_counter() - start
+        window.cpu_s = cpu_between(before, CpuSample.take(watch))
+    return window
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -220,9 +306,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds", type=int, default=9, help="paired rounds per stream count; the median counts"
     )
     parser.add_argument("--quick", action="store_true", help="1 request per stream, 2 rounds")
+    parser.add_argument(
+        "--frontends",
+        default="0",
+        help="comma-separated [server] frontends counts, a daemon each (0: one process; 0)",
+    )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=0,
+        help="TCP connections the streams spread over, at most one per stream (default: one "
+        "per stream when --frontends lists a count above 0, else 1)",
+    )
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.streams = [int(s) for s in args.streams.split(",")]
+        args.frontends = [int(s) for s in args.frontends.split(",")]
+    except ValueError as exc:
+        parser.error(str(exc))
+    if min(args.streams) < 1 or min(args.frontends) < 0 or args.connections < 0:
+        parser.error("--streams must be >= 1; --frontends and --connections >= 0")
+    if len(set(args.frontends)) != len(args.frontends):
+        parser.error("--frontends: each count at most once")
+    return args
 
 
 def _engine_threads(repository: Path) -> int:
@@ -263,83 +371,283 @@ def _render(points: list[StreamPoint], sequential: StreamPoint | None, gain: flo
     return "\n".join(lines)
 
 
+def _num(value: float | None, fmt: str = ".0f") -> str:
+    return format(value, fmt) if value is not None else "-"
+
+
+def _render_modes(points: list[StreamPoint], labels: dict[int, str]) -> str:
+    """Tokens/s of each daemon against the one-process one, and CPU per token by process."""
+    head = (
+        f"{'daemon':<12} {'streams':>7} {'conn':>4} {'tok/s':>7} {'/ 1 proc':>8} {'/ limit':>7} "
+        f"| {'1 proc':>6} {'superv':>6} {'engine':>6} {'fronts':>6} {'client':>6} | "
+        f"{'conn/fe':>8}"
+    )
+    lines = [
+        "CPU µs per generated token (user+sys over the windows / tokens in them) by process",
+        head,
+        "-" * len(head),
+    ]
+    for p in sorted(points, key=lambda p: (p.streams, p.frontends)):
+        cpu = p.cpu_us_per_token
+        fronts = [v for k, v in cpu.items() if k.startswith("frontend.")]
+        middle = sorted(p.rounds, key=lambda r: r.ratio)[len(p.rounds) // 2]
+        spread = middle.frontend_connections
+        lines.append(
+            f"{labels[p.frontends]:<12} {p.streams:>7} {p.connections:>4} {p.tokens_per_s:>7.0f} "
+            f"{_num(p.vs_one_process, '.2f'):>8} {p.ratio:>7.2f} | {_num(cpu.get('daemon')):>6} "
+            f"{_num(cpu.get('supervisor'), '.1f'):>6} {_num(cpu.get('engine')):>6} "
+            f"{_num(sum(fronts) if fronts else None):>6} {_num(cpu.get('client')):>6} | "
+            f"{'/'.join(str(spread[k]) for k in sorted(spread)) or '-':>8}"
+        )
+    lines.append(
+        "(/ 1 proc: median of the rounds' tokens/s over the one-process daemon's; fronts: the "
+        "frontends summed; conn/fe: connections each frontend held, median round)"
+    )
+    return "\n".join(lines)
+
+
+def _difference(what: str, index: int, got: list[int], want: list[int]) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    if at is None:
+        return f"prompt {index}: {len(got)} tokens where {what} has {len(want)}"
+    return f"prompt {index}: token {at} is {got[at]} where {what} has {want[at]}"
+
+
+def _check_tokens(
+    outputs: list[tuple[int, list[int]]],
+    loop: list[list[int]],
+    first: dict[int, list[int]] | None,
+    first_label: str,
+) -> TokenCheck:
+    """Each request's tokens against the plain loop's and the first daemon's."""
+    check = TokenCheck(requests=len(outputs))
+    for index, tokens in outputs:
+        if tokens != loop[index]:
+            check.differ_from_loop += 1
+            if not check.first_difference:
+                check.first_difference = _difference("the loop", index, tokens, loop[index])
+        if first is not None and index in first and tokens != first[index]:
+            check.differ_from_first += 1
+            if not check.first_difference:
+                check.first_difference = _difference(first_label, index, tokens, first[index])
+    return check
+
+
+def _token_lines(points: list[StreamPoint], labels: dict[int, str], first: int) -> list[str]:
+    checked = sum(p.tokens_check.requests for p in points)
+    odd = [p for p in points if p.tokens_check.differ_from_loop or p.tokens_check.differ_from_first]
+    if not odd:
+        return [f"tokens: all {checked} requests match the plain loop's, token for token"]
+    lines = [f"tokens: of {checked} requests, some differ:"]
+    for p in odd:
+        c = p.tokens_check
+        lines.append(
+            f"  {labels[p.frontends]}, {p.streams} streams: {c.differ_from_loop} of "
+            f"{c.requests} differ from the plain loop, {c.differ_from_first} from "
+            f"{labels[first]}; first: {c.first_difference}"
+        )
+    return lines
+
+
+def _warning_lines(points: list[StreamPoint], labels: dict[int, str]) -> list[str]:
+    out = []
+    for p in points:
+        where = f"{labels[p.frontends]}, {p.streams} streams"
+        if p.errors:
+            out.append(f"  {where}: {len(p.errors)} failed requests, first {p.errors[0]!r}")
+        if p.stalls:
+            out.append(
+                f"  {where}: {p.stalls} gaps of {_STALL_S:g} s or more between chunks "
+                f"(longest {p.itl_ms_max:.0f} ms)"
+            )
+        other = max(r.other_cores for r in p.rounds)
+        if other > 0.1:
+            out.append(f"  {where}: up to {other:.2f} cores of other load in a window")
+    return ["", "Warnings:", *out] if out else []
+
+
+def _start_daemon(
+    procs: ProcessGroup, stack: ExitStack, repository: Path, frontends: int
+) -> Daemon:
+    """`tensord serve`: one process logging at warning, or a supervisor logging
+    at info (it names its children there)."""
+    if frontends:
+        return start_daemon(procs, stack, repository, frontends)
+    log = stack.enter_context(tempfile.TemporaryFile("w+"))  # noqa: SIM115 - the stack closes it
+    return Daemon(start_tensord(procs, repository, log, frontends=0), 0, log)
+
+
+def _watch(daemon: Daemon, daemons: list[Daemon]) -> list[tuple[str, int]]:
+    """The processes whose CPU a window of `daemon` records, by role."""
+    watch = [("server", daemon.server.pid), *daemon.server.parts, ("client", os.getpid())]
+    for other in daemons:
+        if other is not daemon:
+            watch.append(("idle_servers", other.server.pid))
+            watch += [("idle_servers", pid) for _, pid in other.server.parts]
+    return watch
+
+
+def _cpu_per_token(daemon: Daemon, windows: list[Window]) -> dict[str, float]:
+    """CPU µs per generated token over `windows`, by process."""
+    tokens = sum(w.tokens for w in windows)
+    top = "supervisor" if daemon.frontends else "daemon"
+    roles = ["server", *(role for role, _ in daemon.server.parts), "client", "idle_servers"]
+    return {
+        (top if role == "server" else role): sum(w.cpu_s.get(role, 0.0) for w in windows)
+        / tokens
+        * 1e6
+        for role in roles
+        if tokens and any(role in w.cpu_s for w in windows)
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_signals()
     requests = 1 if args.quick else args.requests
-    counts = [int(s) for s in args.streams.split(",")]
+    counts: list[int] = args.streams
+    modes: list[int] = args.frontends
+    # 0: one connection per stream.
+    connections = args.connections or (1 if modes == [0] else 0)
     model_dir = args.model_repository / MODEL
     spec = read_generator_spec(model_dir)
     started = datetime.now(UTC)
     points: list[StreamPoint] = []
-    sequential_windows: list[Window] = []
-    gains: list[float] = []
+    sequential_windows: dict[int, list[Window]] = {f: [] for f in modes}
+    gains: dict[int, list[float]] = {f: [] for f in modes}
     threads = _engine_threads(args.model_repository)
     rounds = 2 if args.quick else max(1, args.rounds)
+    cores = os.cpu_count() or 1
     session = make_session(spec, threads)
-    with ProcessGroup() as procs, tempfile.TemporaryFile("w+") as log:
-        server = start_tensord(procs, args.model_repository, log)
+    with ProcessGroup() as procs, ExitStack() as stack:
+        daemons = [_start_daemon(procs, stack, args.model_repository, f) for f in modes]
+        labels = {d.frontends: d.label for d in daemons}
         # The clients run on the daemon's default loop (uvloop where installed): the cheaper
         # the client per chunk, the less it takes from the daemon on a small host.
-        run(_wait_ready(server.target))
+        for d in daemons:
+            run(_wait_ready(d.server.target))
         for n in counts:
             prompts = sample_prompts(spec, n, args.prompt_len, seed=n)
-            windows: list[Window] = []
-            paired: list[Round] = []
+            links = min(connections or n, n)
+            windows: dict[int, list[Window]] = {f: [] for f in modes}
+            paired: dict[int, list[Round]] = {f: [] for f in modes}
+            outputs: dict[int, list[tuple[int, list[int]]]] = {f: [] for f in modes}
             per_stream = requests or max(3, -(-_WINDOW_TOKENS // (n * args.new_tokens)))
             # One untimed round of each first: ONNX Runtime's arenas grow on the first
             # passes at a new batch size and length, on both sides.
-            greedy_with_past(session, spec, prompts, args.new_tokens)
-            run(_streams(server.target, prompts, 1, args.new_tokens, True))
-            for _ in range(rounds):
-                # The limit and the daemon back to back (the daemon idle meanwhile), over
-                # the same tokens, so each round's ratio compares like with like on a host
-                # whose speed drifts.
-                limit = _limit_tokens_per_s(session, spec, prompts, args.new_tokens, per_stream)
-                before = MachineCpu.read()
-                window = run(_streams(server.target, prompts, per_stream, args.new_tokens, True))
-                stolen = MachineCpu.read().steal_s - before.steal_s
-                windows.append(window)
-                paired.append(
-                    Round(
-                        window.tokens_per_s,
-                        limit,
-                        window.tokens_per_s / limit,
-                        stolen / (window.wall_s * (os.cpu_count() or 1)),
+            loop_tokens = greedy_with_past(session, spec, prompts, args.new_tokens).tokens
+            for d in daemons:
+                run(_streams(d.server.target, prompts, 1, args.new_tokens, True, links))
+            for r in range(rounds):
+                # The limit and the daemons back to back (the others idle meanwhile), over
+                # the same tokens, so each round's ratios compare like with like on a host
+                # whose speed drifts; the daemons take turns at going first.
+                limit, loop_tokens = _limit(session, spec, prompts, args.new_tokens, per_stream)
+                for d in daemons[r % len(daemons) :] + daemons[: r % len(daemons)]:
+                    f = d.frontends
+                    window = run(
+                        _streams(
+                            d.server.target,
+                            prompts,
+                            per_stream,
+                            args.new_tokens,
+                            True,
+                            links,
+                            _watch(d, daemons),
+                            d.server,
+                        )
                     )
+                    windows[f].append(window)
+                    outputs[f] += window.outputs
+                    paired[f].append(
+                        Round(
+                            window.tokens_per_s,
+                            limit,
+                            window.tokens_per_s / limit,
+                            window.cpu_s["steal"] / (window.wall_s * cores),
+                            window.cpu_s["other"] / window.wall_s,
+                            frontend_connections=window.frontend_connections,
+                        )
+                    )
+                    if n == 16:
+                        alone = run(
+                            _streams(d.server.target, prompts, 1, args.new_tokens, False, links)
+                        )
+                        sequential_windows[f].append(alone)
+                        outputs[f] += alone.outputs
+                        gains[f].append(window.tokens_per_s / alone.tokens_per_s)
+                if 0 in modes:
+                    base = paired[0][-1].tokens_per_s
+                    for f in modes:
+                        paired[f][-1].vs_one_process = paired[f][-1].tokens_per_s / base
+            first: dict[int, list[int]] = {}
+            for index, tokens in outputs[modes[0]]:
+                first.setdefault(index, tokens)
+            for d in daemons:
+                f = d.frontends
+                point = _summarise(n, per_stream, windows[f])
+                point.rounds = paired[f]
+                # tok/s and limit of the round with the median ratio (with an odd number of
+                # rounds, the default, ratio = tok/s / limit in the table).
+                middle = sorted(paired[f], key=lambda r: r.ratio)[len(paired[f]) // 2]
+                point.tokens_per_s = middle.tokens_per_s
+                point.limit_tokens_per_s = middle.limit_tokens_per_s
+                point.ratio = statistics.median(r.ratio for r in paired[f])
+                point.frontends = f
+                point.connections = links
+                if 0 in modes:
+                    point.vs_one_process = statistics.median(
+                        r.vs_one_process or 0.0 for r in paired[f]
+                    )
+                point.cpu_us_per_token = _cpu_per_token(d, windows[f])
+                point.tokens_check = _check_tokens(
+                    outputs[f], loop_tokens, first if f != modes[0] else None, labels[modes[0]]
                 )
-                if n == 16:
-                    alone = run(_streams(server.target, prompts, 1, args.new_tokens, False))
-                    sequential_windows.append(alone)
-                    gains.append(window.tokens_per_s / alone.tokens_per_s)
-            point = _summarise(n, per_stream, windows)
-            point.rounds = paired
-            # tok/s and limit of the round with the median ratio (with an odd number of
-            # rounds, the default, ratio = tok/s / limit in the table).
-            middle = sorted(paired, key=lambda r: r.ratio)[len(paired) // 2]
-            point.tokens_per_s = middle.tokens_per_s
-            point.limit_tokens_per_s = middle.limit_tokens_per_s
-            point.ratio = statistics.median(r.ratio for r in paired)
-            points.append(point)
-            print(
-                f"{n} streams: tensord / limit per round: "
-                + ", ".join(
-                    f"{r.tokens_per_s:.0f} / {r.limit_tokens_per_s:.0f} = {r.ratio:.2f}"
-                    + (f" (steal {r.steal:.0%})" if r.steal >= 0.01 else "")
-                    for r in paired
-                ),
-                flush=True,
-            )
-            if n == 16:
+                points.append(point)
+                where = f"{n} streams" if len(modes) == 1 else f"{n} streams, {d.label}"
                 print(
-                    "16 streams: concurrent / one at a time per round: "
-                    + ", ".join(f"{g:.2f}x" for g in gains),
+                    f"{where}: tensord / limit per round: "
+                    + ", ".join(
+                        f"{r.tokens_per_s:.0f} / {r.limit_tokens_per_s:.0f} = {r.ratio:.2f}"
+                        + (f" (steal {r.steal:.0%})" if r.steal >= 0.01 else "")
+                        for r in paired[f]
+                    ),
                     flush=True,
                 )
+                if n == 16:
+                    print(
+                        f"{where}: concurrent / one at a time per round: "
+                        + ", ".join(f"{g:.2f}x" for g in gains[f]),
+                        flush=True,
+                    )
+        described = {d.server.name: d.describe() for d in daemons}
+        for d in daemons:
+            described[d.server.name]["stopped"] = d.stop(procs)
+        notes = daemon_log_notes(daemons)
         procs.stop_all()
-    sequential = _summarise(1, 16, sequential_windows) if sequential_windows else None
-    gain = statistics.median(gains) if gains else None
-    print(_render(points, sequential, gain))
+    for name, info in described.items():
+        stopped = info["stopped"]
+        if stopped["exit_code"] or stopped["processes_left"]:
+            notes.setdefault(name, []).append({"event": "bench.unclean_stop", **stopped})
+    by_mode: dict[int, dict[str, Any]] = {}
+    for f in modes:
+        seq = _summarise(1, 16, sequential_windows[f]) if sequential_windows[f] else None
+        by_mode[f] = {
+            "label": labels[f],
+            "sequential_16": seq,
+            "batching_gain_16": statistics.median(gains[f]) if gains[f] else None,
+            "batching_gains_16": gains[f],
+        }
+    for f in modes:
+        if len(modes) > 1:
+            print(f"\n{labels[f]}:")
+        mode_points = [p for p in points if p.frontends == f]
+        print(_render(mode_points, by_mode[f]["sequential_16"], by_mode[f]["batching_gain_16"]))
+    print()
+    print(_render_modes(points, labels))
+    lines = _token_lines(points, labels, modes[0]) + log_lines(notes)
+    print("\n".join(lines + _warning_lines(points, labels)))
+    first_mode = by_mode[modes[0]]
     write_results(
         REPO,
         args.results_dir,
@@ -355,11 +663,24 @@ def main(argv: list[str] | None = None) -> int:
                 "targets": TARGETS,
                 "batching_gain_target": BATCHING_GAIN_TARGET,
                 "intra_op_threads": threads,
+                "frontends": modes,
+                "connections": connections or "one per stream",
             },
             "points": [asdict(p) for p in points],
-            "sequential_16": asdict(sequential) if sequential else None,
-            "batching_gain_16": gain,
-            "batching_gains_16": gains,
+            "sequential_16": asdict(first_mode["sequential_16"])
+            if first_mode["sequential_16"]
+            else None,
+            "batching_gain_16": first_mode["batching_gain_16"],
+            "batching_gains_16": first_mode["batching_gains_16"],
+            "by_frontends": {
+                str(f): {
+                    **m,
+                    "sequential_16": asdict(m["sequential_16"]) if m["sequential_16"] else None,
+                }
+                for f, m in by_mode.items()
+            },
+            "daemons": described,
+            "daemon_log": notes,
         },
     )
     return 0
