@@ -514,3 +514,27 @@ def test_drain_ends_running_streams_with_unavailable(demo_repo: Path, tmp_path: 
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+def test_children_end_when_the_supervisor_is_killed(demo_repo: Path, tmp_path: Path) -> None:
+    """SIGKILL leaves no orphan: each child sees its control channel close and drains."""
+    daemon = start(demo_repo, tmp_path)
+    children = pids(daemon, "engine") + pids(daemon, "frontend")
+    daemon.process.kill()
+    daemon.process.wait(10)
+    deadline = time.monotonic() + 30
+    alive = children
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if _running(pid)]
+    assert not alive, f"children still running: {alive}"
+    with pytest.raises(grpc.RpcError):
+        Client(daemon.target, timeout=2, retries=0).health()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
