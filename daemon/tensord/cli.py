@@ -70,9 +70,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
 
 
-def _serve_args() -> list[str]:
-    """This process's `serve` arguments without --listen (a child is given the port)."""
-    argv = sys.argv[sys.argv.index("serve") + 1 :] if "serve" in sys.argv else []
+def _serve_args(given: list[str]) -> list[str]:
+    """The `serve` command's arguments without --listen (a child is given the port)."""
+    argv = given[given.index("serve") + 1 :] if "serve" in given else []
     kept: list[str] = []
     skip = False
     for arg in argv:
@@ -88,7 +88,7 @@ def _serve_args() -> list[str]:
 async def _supervise(config: Any, frontends: int, config_loader: Any) -> int:
     from tensord.procs.supervisor import Supervisor
 
-    return await Supervisor(config, _serve_args(), frontends, config_loader).run()
+    return await Supervisor(config, _serve_args(_ARGV), frontends, config_loader).run()
 
 
 async def _serve_child(args: argparse.Namespace, config: Any) -> int:
@@ -321,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     return quiet_on_broken_pipe(_run, argv)
 
 
+_ARGV: list[str] = []
+"""The command line `main` was given (the supervisor passes `serve`'s on to its children)."""
+
+
 def _run(argv: list[str] | None) -> int:
+    _ARGV[:] = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

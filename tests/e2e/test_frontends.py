@@ -538,3 +538,13 @@ def _running(pid: int) -> bool:
             return stat.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_children_get_the_serve_arguments_without_listen() -> None:
+    from tensord.cli import _serve_args
+
+    given = ["serve", "--config", "a.toml", "--listen", "0.0.0.0:1", "--log-level=debug",
+             "--listen=[::]:2", "--model-repository", "m"]  # fmt: skip
+    assert _serve_args(given) == ["--config", "a.toml", "--log-level=debug",
+                                  "--model-repository", "m"]  # fmt: skip
+    assert _serve_args(["check-config"]) == []
