@@ -136,6 +136,7 @@ test-packages:
 
 # The frontends tier: the same gRPC tests against `[server] frontends = 2` (a supervisor,
 # an engine and two frontend processes); those marked in_process stay with the first run.
+# `make test` runs it after the others unless ARGS names tests (tests/...).
 FRONTENDS_TIER = tests/grpc/test_predict.py tests/grpc/test_health_info.py \
 	tests/grpc/test_kserve.py tests/grpc/test_processing.py tests/grpc/test_bad_input.py \
 	tests/grpc/test_generate.py tests/grpc/test_batching.py tests/grpc/test_random_requests.py \
@@ -145,7 +146,7 @@ FRONTENDS_TIER = tests/grpc/test_predict.py tests/grpc/test_health_info.py \
 
 test: $(VENV)/.setup-dev $(VENV)/.setup-export npm-deps systemd-tools test-packages
 	$(PY) -m pytest $(ARGS)
-ifeq ($(ARGS),)
+ifeq ($(findstring tests/,$(ARGS)),)
 	TENSORD_TEST_FRONTENDS=2 TENSORD_FUZZ_SECONDS=10 $(PY) -m pytest -p no:cacheprovider -m "not in_process" $(FRONTENDS_TIER)
 endif
 

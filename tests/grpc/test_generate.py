@@ -303,6 +303,7 @@ def test_prompt_token_limit(gen_repo: Path) -> None:
         srv.stop()
 
 
+@pytest.mark.in_process  # stop(grace=1.0); with frontends: tests/e2e/test_frontends.py
 def test_drain_ends_long_streams_with_unavailable(gen_repo: Path) -> None:
     srv = serve(gen_repo)
     got: list[GenerateChunk] = []

@@ -11,6 +11,7 @@ linked, calls get UNAVAILABLE; when an engine dies, every call waiting on it doe
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -57,6 +58,45 @@ _RING_MARGIN = 64 * 1024
 """Room kept in the request ring beyond a call's tensors (its pickle and headers)."""
 
 
+class _Stream:
+    """One Generate stream's chunks from the engine, waiting for its caller. As in one
+    process (RequestOutputCollector), chunks the caller has not taken yet merge into one,
+    never into the first (the time to first token), so a slow reader holds at most two.
+    None ends the stream; an exception fails it."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._ready = asyncio.Event()
+        self._taken_first = False
+        self.started = False
+        """A chunk has arrived (the engine admitted the request)."""
+
+    def put(self, item: Any) -> None:
+        items = self._items
+        last = items[-1] if items else None
+        first_waiting = len(items) == 1 and not self._taken_first
+        if (
+            isinstance(item, RequestOutput)
+            and isinstance(last, RequestOutput)
+            and not first_waiting
+        ):
+            last.merge(item)
+        else:
+            items.append(item)
+        if isinstance(item, RequestOutput):
+            self.started = True
+        self._ready.set()
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        item = self._items.popleft()
+        if isinstance(item, RequestOutput):
+            self._taken_first = True
+        return item
+
+
 class RemoteDataPlane:
     """The DataPlane interface the servers use, over a link to the engine process."""
 
@@ -73,7 +113,7 @@ class RemoteDataPlane:
         self._link: Link | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._streams: dict[int, asyncio.Queue[Any]] = {}
+        self._streams: dict[int, _Stream] = {}
         self._loaded = asyncio.Event()
         self._tokenizers: dict[str, Tokenizer] = {}
 
@@ -96,8 +136,8 @@ class RemoteDataPlane:
             if not future.done():
                 future.set_exception(error)
         self._waiting.clear()
-        for queue in self._streams.values():
-            queue.put_nowait(error)
+        for stream in self._streams.values():
+            stream.put(error)
         self._streams.clear()
 
     def _received(self, message: Any) -> None:
@@ -106,13 +146,13 @@ class RemoteDataPlane:
             for each in message[1]:
                 self._received(each)
         elif kind == "chunk":
-            queue = self._streams.get(message[1])
-            if queue is not None:
+            stream = self._streams.get(message[1])
+            if stream is not None:
                 packed = message[2]
-                queue.put_nowait(None if packed is None else unpack_chunk(packed))
+                stream.put(None if packed is None else unpack_chunk(packed))
         elif kind == "ok" or kind == "result" or kind == "error":
             future = self._waiting.pop(message[1], None)
-            queue = self._streams.pop(message[1], None)
+            ended = self._streams.pop(message[1], None)
             if kind == "result" and future is not None and not future.done():
                 future.set_result(unpack_result(message[2]))
             elif kind == "ok" and future is not None and not future.done():
@@ -121,8 +161,8 @@ class RemoteDataPlane:
                 error = message[2].exception()
                 if future is not None and not future.done():
                     future.set_exception(error)
-                if queue is not None:
-                    queue.put_nowait(error)
+                if ended is not None:
+                    ended.put(error)
         elif kind == "table":
             self.table = message[1]
             paths = {e.tokenizer_path for e in self.table.versions}
@@ -192,14 +232,14 @@ class RemoteDataPlane:
         if call.prompt and not call.prompt_token_ids:
             await self._tokenize(call)
         call_id = next(self._ids)
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._streams[call_id] = queue
+        stream = _Stream()
+        self._streams[call_id] = stream
         finished = False
         try:
             size = len(call.prompt.encode()) + 8 * len(call.prompt_token_ids)
             self._send(("generate", call_id, current_principal.get(), call), size)
             while True:
-                item = await queue.get()
+                item = await stream.get()
                 if item is None:
                     finished = True
                     return
@@ -374,9 +414,9 @@ class RemoteDataPlane:
             "the server is shutting down and this request had not started: "
             "retry on another instance"
         )
-        for call_id, queue in list(self._streams.items()):
-            if queue.empty():
-                queue.put_nowait(error)
+        for call_id, stream in list(self._streams.items()):
+            if not stream.started:
+                stream.put(error)
                 self._abort(call_id)
 
     async def end_generations(self) -> None:
@@ -384,8 +424,8 @@ class RemoteDataPlane:
             "the server is shutting down; the stream ended before it finished: retry on "
             "another instance"
         )
-        for call_id, queue in list(self._streams.items()):
-            queue.put_nowait(error)
+        for call_id, stream in list(self._streams.items()):
+            stream.put(error)
             self._abort(call_id)
 
     def terminate_runs(self) -> None:
