@@ -548,3 +548,43 @@ def test_children_get_the_serve_arguments_without_listen() -> None:
     assert _serve_args(given) == ["--config", "a.toml", "--log-level=debug",
                                   "--model-repository", "m"]  # fmt: skip
     assert _serve_args(["check-config"]) == []
+
+
+def test_max_generate_streams_holds_across_frontends(demo_repo: Path, tmp_path: Path) -> None:
+    """[limits] max_generate_streams = 2 is the daemon's, whichever frontends the streams
+    reach: the engine counts them all."""
+    daemon = start(demo_repo, tmp_path, extra="[limits]\nmax_generate_streams = 2")
+    clients = [
+        Client(
+            daemon.target, timeout=30, retries=0, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        for _ in range(6)
+    ]
+    try:
+        running, refused = [], []
+        for client in clients:  # six connections: both frontends get some
+            stream = client.generate("tinylm", token_ids=[5, 6, 7], max_tokens=2000,
+                                     ignore_eos=True)  # fmt: skip
+            try:
+                next(stream)
+                running.append(stream)
+            except grpc.RpcError as exc:
+                refused.append(exc)
+        assert len(running) == 2 and len(refused) == 4
+        assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
+        assert all("max_generate_streams = 2" in e.details() for e in refused)
+        running[0].close()  # a slot comes back
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                next(clients[-1].generate("tinylm", token_ids=[5], max_tokens=2))
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        for client in clients:
+            client.close()
+        if daemon.process.poll() is None:
+            daemon.process.kill()

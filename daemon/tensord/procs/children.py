@@ -87,7 +87,7 @@ async def run_engine(
             each.models_changed()
 
     dataplane = DataPlane.for_config(config, on_change=changed)
-    host = EngineHost(dataplane)
+    host = EngineHost(dataplane, config.limits.max_generate_streams)
     hosts.append(host)
     observability = Observability(config, dataplane.registry, known_model=dataplane.has_model)
     dataplane.generation_metrics = observability.generation

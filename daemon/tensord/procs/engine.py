@@ -12,6 +12,7 @@ the model table to every frontend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from tensord.errors import ResourceExhaustedError
 from tensord.procs.link import Link
 from tensord.procs.messages import ErrorReport, pack_chunk, pack_result, unpack_call
 from tensord.procs.ring import Ring
+from tensord.server.context import StreamSlots
 
 log = structlog.get_logger("tensord.engine")
 
@@ -103,12 +105,14 @@ class FrontendLink:
         self.post(("result", call_id, pack_result(result)), size)
 
     async def _generate(self, call_id: int, call: GenerateCall) -> None:
-        chunks = self.host.dataplane.generate(call)
-        try:
-            async for chunk in chunks:
-                self.post(("chunk", call_id, pack_chunk(chunk)))
-        finally:
-            await chunks.aclose()  # a cancel aborts the sequence and frees its blocks
+        slots = self.host.stream_slots
+        with slots.held() if slots is not None else contextlib.nullcontext():
+            chunks = self.host.dataplane.generate(call)
+            try:
+                async for chunk in chunks:
+                    self.post(("chunk", call_id, pack_chunk(chunk)))
+            finally:
+                await chunks.aclose()  # a cancel aborts the sequence and frees its blocks
         self.post(("chunk", call_id, None))
 
     async def _query(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
@@ -127,8 +131,11 @@ class FrontendLink:
 class EngineHost:
     """Serves frontends' links from `dataplane` and publishes its model table."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, max_generate_streams: int = 0) -> None:
         self.dataplane = dataplane
+        self.stream_slots = StreamSlots(max_generate_streams) if max_generate_streams else None
+        """[limits] max_generate_streams across every frontend (each frontend also holds
+        its own slots, so none takes more than the limit either)."""
         self.frontends: dict[int, FrontendLink] = {}
         self.loaded = False
         self._publish_handle: asyncio.Handle | None = None
