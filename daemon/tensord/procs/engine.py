@@ -22,7 +22,13 @@ from tensord.access import current_principal
 from tensord.dataplane import DataPlane, GenerateCall, PredictCall
 from tensord.errors import ResourceExhaustedError
 from tensord.procs.link import Link
-from tensord.procs.messages import ErrorReport, pack_chunk, pack_result, unpack_call
+from tensord.procs.messages import (
+    ErrorReport,
+    pack_chunk,
+    pack_result,
+    unpack_call,
+    wire_bytes,
+)
 from tensord.procs.ring import Ring
 from tensord.server.context import StreamSlots
 
@@ -101,7 +107,7 @@ class FrontendLink:
 
     async def _predict(self, call_id: int, call: PredictCall) -> None:
         result = await self.host.dataplane.predict(call)
-        size = sum(array.nbytes for _, array in result.outputs) + _REPLY_MARGIN
+        size = wire_bytes(result.outputs) + _REPLY_MARGIN
         if size > self.link.outgoing.max_payload:
             raise ResourceExhaustedError(
                 f"the reply's tensors take {size - _REPLY_MARGIN} bytes, more than the ring "
