@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -22,7 +22,13 @@ from tensord.access import current_principal
 from tensord.dataplane import DataPlane, GenerateCall, PredictCall
 from tensord.errors import ResourceExhaustedError
 from tensord.procs.link import Link
-from tensord.procs.messages import ErrorReport, pack_chunk, pack_result, unpack_call
+from tensord.procs.messages import (
+    ErrorReport,
+    pack_chunk,
+    pack_result,
+    unpack_call,
+    wire_bytes,
+)
 from tensord.procs.ring import Ring
 from tensord.server.context import StreamSlots
 
@@ -77,7 +83,7 @@ class FrontendLink:
         else:
             log.error("engine.unknown_message", frontend=self.index, kind=str(kind)[:40])
 
-    def _start(self, call_id: int, principal: Any, work: Awaitable[None]) -> None:
+    def _start(self, call_id: int, principal: Any, work: Coroutine[Any, Any, None]) -> None:
         async def run() -> None:
             current_principal.set(principal)
             try:
@@ -88,14 +94,20 @@ class FrontendLink:
                 if not hasattr(exc, "code"):  # not a status error: the log has its cause
                     log.exception("engine.call_failed", frontend=self.index)
                 self.post(("error", call_id, ErrorReport.of(exc)))
-            finally:
-                self.tasks.pop(call_id, None)
 
-        self.tasks[call_id] = asyncio.get_running_loop().create_task(run())
+        def done(_task: asyncio.Task[None]) -> None:
+            # Also for a task cancelled before its first step (its abort read in the same
+            # batch as the call): `run` never ran, so its `finally` would not either.
+            self.tasks.pop(call_id, None)
+            work.close()  # never started then; a no-op for one that finished
+
+        task = asyncio.get_running_loop().create_task(run())
+        self.tasks[call_id] = task
+        task.add_done_callback(done)
 
     async def _predict(self, call_id: int, call: PredictCall) -> None:
         result = await self.host.dataplane.predict(call)
-        size = sum(array.nbytes for _, array in result.outputs) + _REPLY_MARGIN
+        size = wire_bytes(result.outputs) + _REPLY_MARGIN
         if size > self.link.outgoing.max_payload:
             raise ResourceExhaustedError(
                 f"the reply's tensors take {size - _REPLY_MARGIN} bytes, more than the ring "

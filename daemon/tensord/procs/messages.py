@@ -79,6 +79,27 @@ def pack_arrays(named: list[tuple[str, np.ndarray]]) -> PackedArrays:
     return packed
 
 
+def wire_bytes(named: list[tuple[str, np.ndarray]]) -> int:
+    """About the bytes the tensors take in a record: a string (BYTES) tensor is an object
+    array, 8 bytes an element to NumPy, pickled with its strings whole."""
+    total = 0
+    for _, array in named:
+        if array.dtype.kind == "O":
+            total += sum(_pickled_bytes(item) for item in array.flat)
+        else:
+            total += array.nbytes
+    return total
+
+
+def _pickled_bytes(item: Any) -> int:
+    """An upper bound on an element's bytes in a pickle (its header and memo included)."""
+    if isinstance(item, bytes | bytearray):
+        return len(item) + 16
+    if isinstance(item, str):
+        return (len(item) if item.isascii() else len(item.encode())) + 16
+    return len(pickle.dumps(item, protocol=5))
+
+
 def unpack_arrays(packed: PackedArrays) -> list[tuple[str, np.ndarray]]:
     """The tensors `pack_arrays` packed, as read-only views of the received record."""
     named = []

@@ -47,7 +47,7 @@ from tensord.errors import (
 )
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.procs.link import Link
-from tensord.procs.messages import pack_call, unpack_chunk, unpack_result
+from tensord.procs.messages import pack_call, unpack_chunk, unpack_result, wire_bytes
 from tensord.procs.ring import Ring
 
 ENGINE_GONE = "the engine process restarted while this call was in it; retry"
@@ -221,7 +221,7 @@ class RemoteDataPlane:
             call = PredictCall(
                 call.model, call.version, list(inputs.items()), names, call.deadline, entry.version
             )
-        size = sum(array.nbytes for _, array in call.inputs)
+        size = wire_bytes(call.inputs)
         message = ("predict", next(self._ids), current_principal.get(), pack_call(call))
         result: PredictResult = await self._ask(message, size)
         return result

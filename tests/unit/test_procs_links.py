@@ -1,0 +1,96 @@
+"""The engine's and a frontend's ends of a link, over real rings in one process."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from tensord.dataplane import ModelTable, PredictCall, PredictResult, Readiness
+from tensord.procs.engine import EngineHost
+from tensord.procs.messages import pack_call
+from tensord.procs.ring import Ring
+
+
+class SlowPlane:
+    """The data plane calls an engine makes: a Predict that takes its time."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def table(self, loaded: bool) -> ModelTable:
+        return ModelTable(loaded, Readiness(loaded, ""))
+
+    async def predict(self, call: PredictCall) -> PredictResult:
+        self.started += 1
+        await asyncio.sleep(10)
+        raise AssertionError("not reached")
+
+
+def _host(plane: Any) -> tuple[EngineHost, Ring, Ring]:
+    requests, replies = Ring.create(1 << 16), Ring.create(1 << 16)
+    host = EngineHost(plane)
+    host.add_frontend(0, replies, requests)
+    return host, requests, replies
+
+
+async def test_an_abort_read_with_its_call_leaves_no_task_behind() -> None:
+    plane = SlowPlane()
+    host, _requests, _replies = _host(plane)
+    frontend = host.frontends[0]
+    call = PredictCall("m", 0, [("x", np.zeros(4, np.float32))], [], None)
+    # The call and its abort in one read of the ring: the task is cancelled before it runs.
+    frontend._received(("batch", [("predict", 7, None, pack_call(call)), ("abort", 7)]))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert plane.started == 0
+    assert frontend.tasks == {}, "the aborted call's task (and its tensors) stays held"
+    host.close()
+
+
+async def test_string_tensors_are_counted_at_their_size_in_the_ring() -> None:
+    """BYTES tensors are object arrays (8 bytes an element to NumPy): calls whose strings
+    are larger than that, posted in one pass, must not be grouped past a record's limit
+    (the group was refused by the ring, every call in it lost)."""
+    from tensord.config import TensordConfig
+    from tensord.procs.messages import decode
+    from tensord.procs.remote import RemoteDataPlane
+
+    requests, replies = Ring.create(1 << 20), Ring.create(1 << 20)
+    remote = RemoteDataPlane(TensordConfig())
+    remote.serving = True
+    remote.attach(requests, replies)
+    loop = asyncio.get_running_loop()
+    failures: list[Any] = []
+    loop.set_exception_handler(lambda _loop, context: failures.append(context))
+    calls = []
+    for i in range(3):
+        strings = np.array([bytes([i]) * (300 * 1024)], dtype=object)
+        call = PredictCall("m", 0, [("s", strings)], [], None)
+        calls.append(asyncio.ensure_future(remote.predict(call)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    received = []
+    while True:
+        batch = requests.read_available()
+        if not batch:
+            break
+        received += batch
+        for record in batch:
+            message = decode(record)
+            for each in message[1] if message[0] == "batch" else [message]:
+                remote._received(("error", each[1], _report()))
+    assert failures == []
+    await asyncio.wait(calls, timeout=1)
+    assert failures == []
+    assert all(call.done() for call in calls), "calls lost on the way to the engine"
+    for call in calls:
+        call.exception()
+    remote.detach()
+
+
+def _report() -> Any:
+    from tensord.procs.messages import ErrorReport
+
+    return ErrorReport("UnavailableError", "test")
