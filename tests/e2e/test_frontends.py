@@ -588,3 +588,20 @@ def test_max_generate_streams_holds_across_frontends(demo_repo: Path, tmp_path: 
             client.close()
         if daemon.process.poll() is None:
             daemon.process.kill()
+
+
+def test_frontends_that_cannot_start_end_the_daemon(demo_repo: Path, tmp_path: Path) -> None:
+    """A frontend failing at start (here a certificate that does not parse) is started
+    again; after 5 deaths in 60 s the daemon exits 4 rather than spin."""
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate\n")
+    process = spawn(demo_repo, tmp_path, extra=f'[tls]\ncert_file = "{bad}"\nkey_file = "{bad}"')
+    try:
+        assert process.wait(90) == 4
+        log_path = tmp_path / "tensord.log"
+        assert _event(log_path, "supervisor.frontends_failing") is not None
+        assert len(pids(Daemon(process, "", log_path), "frontend")) >= 5
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)

@@ -133,6 +133,7 @@ async def run_engine(
         control.send({"op": "reloaded", "status": _status(dataplane)})
 
     control = Control(socket.socket(fileno=control_fd), on_message, stop.set)
+    host.on_dropped = lambda index: control.send({"op": "dropped", "index": index})
     alive = asyncio.ensure_future(_alive(control, _child_watchdog()))
     loading = asyncio.ensure_future(dataplane.load_models())
     await asyncio.wait({loading, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")

@@ -63,6 +63,7 @@ class FrontendLink:
             log.error("engine.frontend_not_reading", frontend=self.index,
                       backlog=self.link.backlog)  # fmt: skip
             self.host.remove_frontend(self.index)
+            self.host.on_dropped(self.index)
 
     def _received(self, message: Any) -> None:
         kind = message[0]
@@ -146,6 +147,9 @@ class EngineHost:
     def __init__(self, dataplane: DataPlane, max_generate_streams: int = 0) -> None:
         self.dataplane = dataplane
         self.stream_slots = StreamSlots(max_generate_streams) if max_generate_streams else None
+        self.on_dropped: Callable[[int], None] = lambda index: None
+        """Called with a frontend's index when its link is dropped for not reading (the
+        supervisor starts that frontend again)."""
         """[limits] max_generate_streams across every frontend (each frontend also holds
         its own slots, so none takes more than the limit either)."""
         self.frontends: dict[int, FrontendLink] = {}

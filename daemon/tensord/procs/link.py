@@ -16,8 +16,12 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from tensord.procs.messages import decode, encode
 from tensord.procs.ring import Ring
+
+log = structlog.get_logger("tensord.procs")
 
 _BATCH = 256
 """Messages taken per wake-up before the loop runs other work."""
@@ -105,8 +109,16 @@ class Link:
         self._send_group(group)
 
     def _send_group(self, group: list[Any]) -> None:
-        if group and not self.closed:
+        if not group or self.closed:
+            return
+        try:
             self.send(group[0] if len(group) == 1 else ("batch", group))
+        except ValueError:  # larger than a record may be: one at a time
+            if len(group) == 1:
+                log.error("link.message_too_large", kind=str(group[0][0])[:20])
+                return
+            for message in group:
+                self._send_group([message])
 
     @property
     def backlog(self) -> int:

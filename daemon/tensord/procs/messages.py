@@ -184,7 +184,9 @@ def unpack_chunk(packed: tuple[Any, ...]) -> RequestOutput:
 @dataclass(slots=True, frozen=True)
 class ErrorReport:
     """An exception raised in the engine, as the frontend raises it again: one of
-    tensord.errors' classes by name, with its message (anything else is INTERNAL)."""
+    tensord.errors' classes by name, with its message. Anything else comes back as an
+    `EngineFailure`, which the frontend answers as one process answers an unexpected
+    error (INTERNAL, "the server log has the details under request id ...")."""
 
     kind: str
     message: str
@@ -195,12 +197,16 @@ class ErrorReport:
         if isinstance(exc, errors.TensordError):
             retry = exc.retry_after_s if isinstance(exc, errors.RateLimitedError) else 0.0
             return cls(type(exc).__name__, exc.message, retry)
-        return cls("InternalError", f"the engine failed: {type(exc).__name__}: {exc}")
+        return cls("", f"{type(exc).__name__}: {exc}")
 
-    def exception(self) -> errors.TensordError:
-        kind = getattr(errors, self.kind, None)
+    def exception(self) -> Exception:
+        kind = getattr(errors, self.kind, None) if self.kind else None
         if isinstance(kind, type) and issubclass(kind, errors.RateLimitedError):
             return kind(self.message, self.retry_after_s)
         if isinstance(kind, type) and issubclass(kind, errors.TensordError):
             return kind(self.message)
-        return errors.InternalError(self.message)
+        return EngineFailure(self.message)
+
+
+class EngineFailure(RuntimeError):
+    """An unexpected error in the engine process (its log has the traceback)."""

@@ -236,7 +236,8 @@ class RemoteDataPlane:
         self._streams[call_id] = stream
         finished = False
         try:
-            size = len(call.prompt.encode()) + 8 * len(call.prompt_token_ids)
+            ids = len(call.prompt_token_ids) + len(call.tokenized or ())
+            size = len(call.prompt.encode()) + 16 * ids
             self._send(("generate", call_id, current_principal.get(), call), size)
             while True:
                 item = await stream.get()

@@ -40,8 +40,12 @@ log = structlog.get_logger("tensord.supervisor")
 
 MAX_ENGINE_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
-EXIT_ENGINE_FAILED = 4
-"""The exit status after the engine died MAX_ENGINE_RESTARTS times in RESTART_WINDOW_S."""
+MAX_FRONTEND_RESTARTS = 5
+"""Frontend deaths in RESTART_WINDOW_S, whichever frontends, after which the daemon gives
+up (a frontend that cannot start, say with a port or certificate it cannot use)."""
+EXIT_CHILDREN_FAILING = 4
+"""The exit status after the engine died MAX_ENGINE_RESTARTS times in RESTART_WINDOW_S, or
+the frontends MAX_FRONTEND_RESTARTS times."""
 _RING_SLACK = 1 << 20
 _KILL_AFTER_S = 10.0
 """How long a child may take past its drain before it is killed."""
@@ -133,6 +137,7 @@ class Supervisor:
         self._listen = ""
         self._openai = ""
         self._engine_deaths: list[float] = []
+        self._frontend_deaths: list[float] = []
         self._stop = asyncio.Event()
         self._announced = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -205,7 +210,14 @@ class Supervisor:
             log.info("supervisor.child_ready", role=child.role, index=child.index)
             self._announce()
         elif op == "reloaded":
+            child.status = str(message.get("status", child.status))
             self.notifier.ready(self.status_line())
+        elif op == "dropped":  # the engine gave up on a frontend that stopped reading
+            frontend = self.frontends.get(int(message.get("index", -1)))
+            if frontend is not None and frontend.process.poll() is None:
+                log.error("supervisor.frontend_not_reading", index=frontend.index,
+                          pid=frontend.process.pid)  # fmt: skip
+                frontend.process.kill()  # its exit starts it again
 
     def _exited(self, child: Child) -> None:
         code = child.process.wait()
@@ -224,9 +236,9 @@ class Supervisor:
                     "supervisor.engine_failing",
                     restarts=len(self._engine_deaths),
                     window_s=RESTART_WINDOW_S,
-                    exit_code=EXIT_ENGINE_FAILED,
+                    exit_code=EXIT_CHILDREN_FAILING,
                 )
-                self.exit_code = EXIT_ENGINE_FAILED
+                self.exit_code = EXIT_CHILDREN_FAILING
                 self._stop.set()
                 return
             self.notifier.status("the engine process exited; restarting it")
@@ -234,6 +246,19 @@ class Supervisor:
             for index in self.frontends:
                 self._link(index)
         else:
+            now = time.monotonic()
+            deaths = [t for t in self._frontend_deaths if now - t < RESTART_WINDOW_S]
+            self._frontend_deaths = [*deaths, now]
+            if len(self._frontend_deaths) >= MAX_FRONTEND_RESTARTS:
+                log.critical(
+                    "supervisor.frontends_failing",
+                    restarts=len(self._frontend_deaths),
+                    window_s=RESTART_WINDOW_S,
+                    exit_code=EXIT_CHILDREN_FAILING,
+                )
+                self.exit_code = EXIT_CHILDREN_FAILING
+                self._stop.set()
+                return
             self.frontends[child.index] = self._spawn("frontend", child.index)
             self._link(child.index)
 
