@@ -605,3 +605,43 @@ def test_frontends_that_cannot_start_end_the_daemon(demo_repo: Path, tmp_path: P
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+def test_an_openai_prompt_beyond_the_ring_is_refused_as_one_process(
+    demo_repo: Path, tmp_path: Path
+) -> None:
+    """With 4 MiB messages (an 8 MiB ring), an OpenAI completion's prompt of a million
+    tokens (text or ids) passes the HTTP body limit; one process answers 400 for the
+    model's context, and so must a frontend, not 429 for the room its tokens would take
+    in the ring to the engine."""
+    pytest.importorskip("starlette")
+    import urllib.error
+    import urllib.request
+
+    limit = "max_receive_message_bytes = 4194304"
+    daemon = start(demo_repo, tmp_path, extra='[openai]\nlisten = "127.0.0.1:0"', server=limit)
+    one = serve(demo_repo, openai__listen="127.0.0.1:0", server__max_receive_message_bytes=4194304)
+    try:
+        (port,) = {
+            e["port"] for e in log_events(daemon.log_path) if e.get("event") == "openai.listening"
+        }
+
+        def answer(port: int, prompt: Any) -> tuple[int, str]:
+            body = json.dumps({"model": "tinylm", "prompt": prompt, "max_tokens": 4}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                             {"content-type": "application/json"})  # fmt: skip
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(request, timeout=30)
+            return caught.value.code, json.load(caught.value)["error"]["message"]
+
+        for prompt in ([5] * 1_000_000, "x" * 1_000_000):
+            two_says = answer(port, prompt)
+            assert two_says == answer(one.server.openai.port, prompt)
+            assert two_says[0] == 400 and "the model's context is 2048 tokens" in two_says[1]
+        with Client(daemon.target, timeout=10, retries=0) as client:
+            assert client.predict("mlp", {"input": X})["output"].shape == (3, 10)
+        assert _event(daemon.log_path, "supervisor.child_exited") is None
+    finally:
+        one.stop()
+        if daemon.process.poll() is None:
+            daemon.process.kill()

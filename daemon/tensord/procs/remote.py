@@ -231,6 +231,7 @@ class RemoteDataPlane:
         check_model(call.model)
         if call.prompt and not call.prompt_token_ids:
             await self._tokenize(call)
+        self._admit(call)
         call_id = next(self._ids)
         stream = _Stream()
         self._streams[call_id] = stream
@@ -252,6 +253,24 @@ class RemoteDataPlane:
             self._streams.pop(call_id, None)
             if not finished:
                 self._abort(call_id)
+
+    def _admit(self, call: GenerateCall) -> None:
+        """The engine's admission check, here where the table has the version READY: a
+        prompt too long for the model is refused as one process refuses it, not for the
+        room its tokens would take in the ring."""
+        entry = self._ready_entry(call.model, call.version)
+        if entry is None or entry.generator is None:
+            return
+        if call.prompt and (call.tokenized is None or call.tokenized_version != entry.version):
+            return
+        ids = call.tokenized if call.prompt else call.prompt_token_ids
+        fields = GenerateFields(
+            token_ids=len(call.prompt_token_ids),
+            prompt_token_ids=list(ids or ()),
+            text=bool(call.prompt),
+            sampling=call.sampling,
+        )
+        admit(fields, entry.generator)
 
     async def _query(self, method: str, *args: Any) -> Any:
         return await self._ask(("call", next(self._ids), current_principal.get(), method, args))
