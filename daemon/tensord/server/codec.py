@@ -214,32 +214,12 @@ def _decode_contents(
     contents: pb.TensorContents, dtype: DType, shape: tuple[int, ...], count: int, label: str
 ) -> np.ndarray:
     field = CONTENTS_FIELD[dtype]
-    for other in _CONTENTS_FIELDS:
-        if other != field and len(getattr(contents, other)):
-            raise InvalidArgumentError(
-                f"{label}: contents.{other} is set, but a {dtype_name(dtype)} tensor "
-                f"takes its values in contents.{field}"
-            )
-    values = getattr(contents, field)
-    if len(values) != count:
-        raise InvalidArgumentError(
-            f"{label}: contents.{field} has {len(values)} values, but shape {shape_text(shape)} "
-            f"needs {count}"
-        )
+    type_name = dtype_name(dtype)
+    values = contents_values(contents, field, _CONTENTS_FIELDS, shape, count, label, type_name)
     if dtype is DType.STRING:
-        out = np.empty(count, dtype=object)
-        out[:] = [utf8_text(v, i, label) for i, v in enumerate(values)]
-        return out.reshape(shape)
+        return string_array(values, shape, label)
     if field == "int_values":
-        wide = number_array(values, np.dtype(np.int64))
-        info = np.iinfo(dtype.numpy)
-        i = first_true((wide < info.min) | (wide > info.max))
-        if i is not None:
-            raise InvalidArgumentError(
-                f"{label}: contents.int_values[{i}] = {int(wide[i])} is out of range for "
-                f"{dtype_name(dtype)} [{info.min}, {info.max}]"
-            )
-        return wide.astype(dtype.numpy).reshape(shape)
+        return narrow_integers(values, dtype, field, label, type_name).reshape(shape)
     if dtype is DType.FLOAT16:
         wide = number_array(values, np.dtype(np.float32))
         with np.errstate(over="ignore"):
@@ -252,6 +232,55 @@ def _decode_contents(
             )
         return narrow.reshape(shape)
     return number_array(values, dtype.numpy).reshape(shape)
+
+
+def contents_values(
+    contents: Any,
+    field: str,
+    fields: Sequence[str],
+    shape: tuple[int, ...],
+    count: int,
+    label: str,
+    type_name: str,
+) -> Sequence[Any]:
+    """The values a typed-contents message holds in `field`, the one of `fields` a
+    `type_name` tensor takes: refused when another field is set, or when their number is
+    not the shape's (the same check for tensord.v1 and the Open Inference Protocol)."""
+    for other in fields:
+        if other != field and len(getattr(contents, other)):
+            raise InvalidArgumentError(
+                f"{label}: contents.{other} is set, but a {type_name} tensor takes its "
+                f"values in contents.{field}"
+            )
+    values: Sequence[Any] = getattr(contents, field)
+    if len(values) != count:
+        raise InvalidArgumentError(
+            f"{label}: contents.{field} has {len(values)} values, but shape "
+            f"{shape_text(shape)} needs {count}"
+        )
+    return values
+
+
+def string_array(values: Sequence[bytes], shape: tuple[int, ...], label: str) -> np.ndarray:
+    """STRING contents as an object array of UTF-8 text."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = [utf8_text(v, i, label) for i, v in enumerate(values)]
+    return out.reshape(shape)
+
+
+def narrow_integers(
+    values: Sequence[Any], dtype: DType, field: str, label: str, type_name: str
+) -> np.ndarray:
+    """Integers that travel widened to 32 bits, checked for `dtype`'s range (1-D)."""
+    wide = number_array(values, np.dtype(np.int64))
+    info = np.iinfo(dtype.numpy)
+    i = first_true((wide < info.min) | (wide > info.max))
+    if i is not None:
+        raise InvalidArgumentError(
+            f"{label}: contents.{field}[{i}] = {int(wide[i])} is out of range for "
+            f"{type_name} [{info.min}, {info.max}]"
+        )
+    return wide.astype(dtype.numpy)
 
 
 def first_true(mask: np.ndarray) -> int | None:

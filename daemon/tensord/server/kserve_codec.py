@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -21,12 +20,14 @@ from tensord.server.codec import (
     MAX_BYTES,
     MAX_BYTES_LOG2,
     MAX_RANK,
+    contents_values,
     decode_raw_strings,
     encode_raw_strings,
     first_true,
+    narrow_integers,
     number_array,
     shape_text,
-    utf8_text,
+    string_array,
 )
 
 DATATYPES: dict[DType, str] = {
@@ -183,38 +184,13 @@ def _decode_contents(
             f"{label}: {DATATYPES[dtype]} tensors travel in raw_input_contents (the protocol "
             "has no typed contents for them)"
         )
-    for other in _CONTENTS_FIELDS:
-        if other != field and len(getattr(contents, other)):
-            raise InvalidArgumentError(
-                f"{label}: contents.{other} is set, but a {DATATYPES[dtype]} tensor takes its "
-                f"values in contents.{field}"
-            )
-    values = getattr(contents, field)
-    if len(values) != count:
-        raise InvalidArgumentError(
-            f"{label}: contents.{field} has {len(values)} values, but shape "
-            f"{shape_text(shape)} needs {count}"
-        )
+    type_name = DATATYPES[dtype]
+    values = contents_values(contents, field, _CONTENTS_FIELDS, shape, count, label, type_name)
     if dtype is DType.STRING:
-        out = np.empty(count, dtype=object)
-        out[:] = [utf8_text(v, i, label) for i, v in enumerate(values)]
-        return out.reshape(shape)
-    if dtype in _NARROW_INTEGERS:
-        return _narrow(values, dtype, field, label).reshape(shape)
+        return string_array(values, shape, label)
+    if dtype in _NARROW_INTEGERS:  # 8- and 16-bit integers travel widened to 32 bits
+        return narrow_integers(values, dtype, field, label, type_name).reshape(shape)
     return number_array(values, dtype.numpy).reshape(shape)
-
-
-def _narrow(values: Sequence[Any], dtype: DType, field: str, label: str) -> np.ndarray:
-    """8- and 16-bit integers, which travel widened to 32 bits: checked for range."""
-    wide = number_array(values, np.dtype(np.int64))
-    info = np.iinfo(dtype.numpy)
-    i = first_true((wide < info.min) | (wide > info.max))
-    if i is not None:
-        raise InvalidArgumentError(
-            f"{label}: contents.{field}[{i}] = {int(wide[i])} is out of range for "
-            f"{DATATYPES[dtype]} [{info.min}, {info.max}]"
-        )
-    return wide.astype(dtype.numpy)
 
 
 def output_datatype(array: np.ndarray, name: str) -> str:
