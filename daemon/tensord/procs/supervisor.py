@@ -226,41 +226,36 @@ class Supervisor:
             return
         log.error("supervisor.child_exited", role=child.role, index=child.index, exit_code=code)
         if child.role == "engine":
-            now = time.monotonic()
-            self._engine_deaths = [t for t in self._engine_deaths if now - t < RESTART_WINDOW_S]
-            self._engine_deaths.append(now)
             for frontend in self.frontends.values():
                 frontend.control.send({"op": "engine_down"})
-            if len(self._engine_deaths) >= MAX_ENGINE_RESTARTS:
-                log.critical(
-                    "supervisor.engine_failing",
-                    restarts=len(self._engine_deaths),
-                    window_s=RESTART_WINDOW_S,
-                    exit_code=EXIT_CHILDREN_FAILING,
-                )
-                self.exit_code = EXIT_CHILDREN_FAILING
-                self._stop.set()
+            if self._gives_up(self._engine_deaths, MAX_ENGINE_RESTARTS, "engine"):
                 return
             self.notifier.status("the engine process exited; restarting it")
             self.engine = self._spawn("engine", 0)
             for index in self.frontends:
                 self._link(index)
         else:
-            now = time.monotonic()
-            deaths = [t for t in self._frontend_deaths if now - t < RESTART_WINDOW_S]
-            self._frontend_deaths = [*deaths, now]
-            if len(self._frontend_deaths) >= MAX_FRONTEND_RESTARTS:
-                log.critical(
-                    "supervisor.frontends_failing",
-                    restarts=len(self._frontend_deaths),
-                    window_s=RESTART_WINDOW_S,
-                    exit_code=EXIT_CHILDREN_FAILING,
-                )
-                self.exit_code = EXIT_CHILDREN_FAILING
-                self._stop.set()
+            if self._gives_up(self._frontend_deaths, MAX_FRONTEND_RESTARTS, "frontends"):
                 return
             self.frontends[child.index] = self._spawn("frontend", child.index)
             self._link(child.index)
+
+    def _gives_up(self, deaths: list[float], limit: int, role: str) -> bool:
+        """Count one more death in `deaths` (those of the last RESTART_WINDOW_S); at `limit`
+        the daemon stops with EXIT_CHILDREN_FAILING rather than start the child again."""
+        now = time.monotonic()
+        deaths[:] = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+        if len(deaths) < limit:
+            return False
+        log.critical(
+            f"supervisor.{role}_failing",
+            restarts=len(deaths),
+            window_s=RESTART_WINDOW_S,
+            exit_code=EXIT_CHILDREN_FAILING,
+        )
+        self.exit_code = EXIT_CHILDREN_FAILING
+        self._stop.set()
+        return True
 
     def _announce(self) -> None:
         children = [self.engine, *self.frontends.values()]
