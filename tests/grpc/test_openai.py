@@ -366,20 +366,7 @@ def test_curl_streams_server_sent_events(srv: ServerThread, grpc_client: Client)
 
 def test_disconnect_frees_the_sequence(srv: ServerThread, grpc_client: Client) -> None:
     before = _generated(grpc_client)
-    body = json.dumps(
-        {
-            "model": MODEL,
-            "prompt": [5, 6, 7],
-            "max_tokens": 2000,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-        }
-    ).encode()
-    request = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    request = _long_completion(stream=True, token=ADMIN)
     with socket.create_connection(("127.0.0.1", srv.server.openai.port), timeout=10) as sock:
         sock.sendall(request)
         received = b""
@@ -397,12 +384,7 @@ def test_disconnect_before_a_whole_answer_frees_the_sequence(
     srv: ServerThread, grpc_client: Client
 ) -> None:
     before = _generated(grpc_client)
-    body = json.dumps({"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 2000,
-                       "temperature": 0, "ignore_eos": True}).encode()  # fmt: skip
-    request = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    request = _long_completion(stream=False, token=ADMIN)
     with socket.create_connection(("127.0.0.1", srv.server.openai.port), timeout=10) as sock:
         sock.sendall(request)
         deadline = time.monotonic() + 5
@@ -413,6 +395,18 @@ def test_disconnect_before_a_whole_answer_frees_the_sequence(
     assert 0 < _generated(grpc_client) - before < 1500  # aborted, not run to the end
 
 
+def _long_completion(stream: bool, token: str = "") -> bytes:
+    """The raw HTTP/1.1 request of a completion of 2000 tokens (so it is still running when
+    a test disconnects or drains), with a bearer token when given."""
+    fields = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 2000, "temperature": 0}
+    body = json.dumps({**fields, "ignore_eos": True, "stream": stream}).encode()
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
 def _generated(client: Client) -> int:
     (model,) = [m for m in client.info().models if m.name == MODEL]
     return int(model.generator.generated_tokens)
@@ -421,20 +415,7 @@ def _generated(client: Client) -> int:
 def test_drain_ends_streams_with_an_error_event(repo: Path) -> None:
     srv = serve(repo, openai__listen="127.0.0.1:0")
     port = srv.server.openai.port
-    body = json.dumps(
-        {
-            "model": MODEL,
-            "prompt": [5, 6, 7],
-            "max_tokens": 2000,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-        }
-    ).encode()
-    request = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    request = _long_completion(stream=True)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(request)
         received = sock.recv(4096)
