@@ -80,15 +80,9 @@ async def run_engine(
     heap.tune()
     stop = asyncio.Event()
     exit_code = 0
-    hosts: list[EngineHost] = []
-
-    def changed() -> None:
-        for each in hosts:
-            each.models_changed()
-
-    dataplane = DataPlane.for_config(config, on_change=changed)
+    # Versions change state only once loading starts, after `host` exists.
+    dataplane = DataPlane.for_config(config, on_change=lambda: host.models_changed())
     host = EngineHost(dataplane, config.limits.max_generate_streams)
-    hosts.append(host)
     observability = Observability(config, dataplane.registry, known_model=dataplane.has_model)
     dataplane.generation_metrics = observability.generation
     observability.start()  # on a loopback port of its own: the supervisor reads it

@@ -214,7 +214,7 @@ class RemoteDataPlane:
         request never reaches the engine), then run by the engine."""
         self._check_serving()
         check_model(call.model)
-        entry = self._ready_predict(call.model, call.version)
+        entry = self._ready(call.model, call.version, "predict")
         if entry is not None:
             inputs = check_inputs(entry.name, entry.inputs, call.inputs, entry.max_batch_size)
             names = check_output_names(entry.name, entry.outputs, call.output_names)
@@ -258,7 +258,7 @@ class RemoteDataPlane:
         """The engine's admission check, here where the table has the version READY: a
         prompt too long for the model is refused as one process refuses it, not for the
         room its tokens would take in the ring."""
-        entry = self._ready_entry(call.model, call.version)
+        entry = self._ready(call.model, call.version, "generator")
         if entry is None or entry.generator is None:
             return
         if call.prompt and (call.tokenized is None or call.tokenized_version != entry.version):
@@ -294,7 +294,7 @@ class RemoteDataPlane:
         """The text prompt's token ids, made here with the tokenizer of the version the
         table says serves (long texts on a worker thread), so that the engine does not;
         when the table has no READY version, the engine tokenises (and answers why not)."""
-        entry = self._ready_entry(call.model, call.version)
+        entry = self._ready(call.model, call.version, "generator")
         if entry is None:
             return
         tokenizer = self._tokenizer(entry.tokenizer_path)
@@ -313,25 +313,16 @@ class RemoteDataPlane:
             tokenizer = self._tokenizers[path] = Tokenizer.from_file(path)
         return tokenizer
 
-    def _ready_predict(self, model: str, version: int) -> TableEntry | None:
-        """The READY predict version a call for (`model`, `version`) gets, or None (the
-        engine then answers why not)."""
+    def _ready(self, model: str, version: int, kind: str) -> TableEntry | None:
+        """The version a call for (`model`, `version`) gets when the table has it READY as
+        a `kind` model (version 0: the newest); None, and the engine answers why not."""
         found = [
             e
             for e in self.table.versions
             if e.name == model
-            and e.kind == "predict"
+            and e.kind == kind
             and e.state is ModelState.READY
             and (not version or e.version == version)
-        ]
-        return max(found, key=lambda e: e.version) if found else None
-
-    def _ready_entry(self, model: str, version: int) -> TableEntry | None:
-        """The READY generator version a call for (`model`, `version`) gets, or None."""
-        found = [
-            e
-            for e in self.table.versions
-            if e.name == model and e.tokenizer_path and (not version or e.version == version)
         ]
         return max(found, key=lambda e: e.version) if found else None
 
@@ -339,7 +330,7 @@ class RemoteDataPlane:
         """As DataPlane.token_texts, with the tokenizer read here from the newest READY
         version's file (once per file)."""
         check_model(model)
-        entry = self._ready_entry(model, version)
+        entry = self._ready(model, version, "generator")
         if entry is None:
             raise UnavailableError(f"model {model!r} has no READY generator version here")
         tokenizer = self._tokenizer(entry.tokenizer_path)
@@ -356,13 +347,9 @@ class RemoteDataPlane:
         READY; otherwise the engine answers with the reason when the call reaches it."""
         self._check_serving()
         check_model(model)
-        rows = [
-            e.generator
-            for e in self.table.versions
-            if e.name == model and e.generator is not None and (not version or e.version == version)
-        ]
-        if rows:
-            admit(GenerateFields(prompt_bytes, token_ids, exact), rows[-1])
+        entry = self._ready(model, version, "generator")
+        if entry is not None and entry.generator is not None:
+            admit(GenerateFields(prompt_bytes, token_ids, exact), entry.generator)
 
     # From the table.
 
