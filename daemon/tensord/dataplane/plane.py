@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from tensord import __version__
 from tensord.access import check_model, may_see, redact_paths, sees_server_paths
@@ -94,6 +95,11 @@ def _count(stats: RequestStats, start: float, ok: bool) -> None:
         stats.failed += 1
         stats.failed_s += elapsed
     stats.last_ms = time.time_ns() // 1_000_000
+
+
+def each_token_text(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each token decoded alone, special tokens kept (how log probabilities show them)."""
+    return tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
 
 
 class DataPlane:
@@ -245,12 +251,7 @@ class DataPlane:
         showing log probabilities): its tokenizer decoding one token at a time, special
         tokens kept. Taken with no await before the call, it is the same version's."""
         _, engine = self._generator(model, version)
-        tokenizer = engine.directory.tokenizer
-
-        def texts(ids: Sequence[int]) -> list[str]:
-            return tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
-
-        return texts
+        return functools.partial(each_token_text, engine.directory.tokenizer)
 
     def _generator(self, model: str, version: int) -> tuple[GeneratorVersion, GenerationEngine]:
         """The version a Generate call names and its engine: PERMISSION_DENIED, NOT_FOUND,

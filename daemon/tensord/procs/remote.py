@@ -39,6 +39,7 @@ from tensord.dataplane import (
     TableEntry,
 )
 from tensord.dataplane.admission import GenerateFields, admit
+from tensord.dataplane.plane import each_token_text
 from tensord.errors import (
     DeviceLostError,
     NotFoundError,
@@ -333,12 +334,7 @@ class RemoteDataPlane:
         entry = self._ready(model, version, "generator")
         if entry is None:
             raise UnavailableError(f"model {model!r} has no READY generator version here")
-        tokenizer = self._tokenizer(entry.tokenizer_path)
-
-        def texts(ids: Sequence[int]) -> list[str]:
-            return tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
-
-        return texts
+        return functools.partial(each_token_text, self._tokenizer(entry.tokenizer_path))
 
     def check_prompt_size(
         self, model: str, version: int, prompt_bytes: int, token_ids: int, exact: bool = True
