@@ -240,3 +240,45 @@ def test_cuda_out_of_memory_fails_only_its_request(kernel_server: Any) -> None:
         }
     server = kernel_server.server
     assert server is not None and server.exit_code == 0
+
+
+def test_a_lane_that_starts_elsewhere_keeps_the_model_off_the_cuda_executor() -> None:
+    """The executor is chosen from the model's first session; when a lane's own session
+    starts on another provider, the model runs on the CPU executor, which hands every
+    session host arrays, rather than feeding that lane device pointers."""
+    from dataclasses import replace
+
+    from tensord.backends.base import DeviceOptions
+    from tensord.executor.select import build_executor
+    from tests.gpu.kernel_backend import KernelBackend, expected
+
+    class OnTheCpu(KernelBackend):
+        """A session that started on the CPU provider (it reads host arrays only)."""
+
+        def __init__(self, stream: int) -> None:
+            super().__init__(stream)
+            self.placement = replace(self.placement, provider="CPUExecutionProvider")
+
+    made: list[KernelBackend] = []
+
+    def make(where: DeviceOptions) -> KernelBackend:
+        lane = where.cuda_stream is not None
+        backend = KernelBackend(where.cuda_stream) if lane and not made else OnTheCpu(0)
+        made.append(backend)
+        return backend
+
+    executor, backend = build_executor(
+        "affine", KernelBackend(0), make, lambda kind: 2, DeviceOptions()
+    )
+    try:
+        assert executor.kind == "cpu"
+        assert executor.reason == (
+            "lane 1's session started on CPUExecutionProvider, not on CUDA as the model's "
+            "first session did; batches stay in host memory"
+        )
+        assert backend is made[-1] and len(made) == 3  # two lanes, then the host session
+        x = np.random.default_rng(3).normal(size=(3, 17)).astype(np.float32)
+        (out,) = run_batches(executor, [[{"x": x}]])
+        assert out.tobytes() == expected(x).tobytes()
+    finally:
+        executor.close()  # and its backend

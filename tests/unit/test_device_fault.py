@@ -34,6 +34,13 @@ def test_sticky_errors_are_the_documented_relaunch_ones() -> None:
     assert documented <= set(STICKY_CUDA_ERRORS)
 
 
+def test_error_999_is_a_lost_device() -> None:
+    """cudaErrorUnknown, what virtualised GPU hosts return once the device has gone."""
+    with pytest.raises(StickyCudaError) as caught:
+        check((cudart.cudaError_t.cudaErrorUnknown,), "cudaMemcpyAsync")
+    assert isinstance(caught.value, DeviceLostError) and caught.value.sticky
+
+
 def test_check_raises_sticky_errors_as_device_lost() -> None:
     illegal = cudart.cudaError_t.cudaErrorIllegalAddress
     with pytest.raises(StickyCudaError) as caught:
@@ -70,6 +77,8 @@ def test_check_keeps_passing_errors_internal() -> None:
         ("CUDA error 719 launching kernel", "cudaErrorLaunchFailure"),
         ("cuLaunchKernel: CUDA_ERROR_ILLEGAL_INSTRUCTION", "cudaErrorIllegalInstruction"),
         ("got cudaErrorECCUncorrectable from the device", "cudaErrorECCUncorrectable"),
+        ("CUDA failure 999: unknown error ; GPU=0", "cudaErrorUnknown"),
+        ("cuCtxSynchronize: CUDA_ERROR_UNKNOWN", "cudaErrorUnknown"),
         ("CUDA failure 2: out of memory", None),
         ("CUDA failure 7000: not a code", None),
         ("CUDA_ERROR_ILLEGAL_ADDRESSES", None),
@@ -82,6 +91,7 @@ def test_sticky_error_in_text(text: str, expected: str | None) -> None:
 
 def test_is_sticky() -> None:
     assert is_sticky(700) and is_sticky(214)
+    assert is_sticky(999)  # cudaErrorUnknown: a virtualised host's lost device
     assert not is_sticky(2) and not is_sticky(46)
 
 
@@ -92,7 +102,10 @@ def test_driver_api_errors_are_classified_like_runtime_ones() -> None:
 
     from tensord.kernels.driver import DriverError, StickyDriverError, driver_error_type
 
-    for sticky in ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ASSERT"):
+    for sticky in (
+        "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_UNKNOWN",
+    ):  # fmt: skip
         kind = driver_error_type(getattr(driver.CUresult, sticky))
         assert kind is StickyDriverError and issubclass(kind, DeviceLostError)
     for passing in ("CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND"):

@@ -11,14 +11,20 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
+from tensord.backends import onnxruntime as ort_backend
 from tensord.backends.ort_session import (
+    TENSORRT_LIBRARY,
     StrictSession,
     check_provider_options,
     prepare_cuda_libraries,
     tensorrt_loadable,
+    tensorrt_version_mismatch,
     usable_providers,
 )
+from tensord.errors import ModelLoadError
 from tests.models import build_identity
+
+TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
 
 
 def _failing_once(base: type) -> type:
@@ -55,6 +61,66 @@ def test_tensorrt_is_not_ranked_where_it_cannot_load() -> None:
     else:
         assert usable_providers(listed) == listed
     assert usable_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+
+
+def test_tensorrt_must_be_the_major_the_provider_links() -> None:
+    assert TENSORRT_LIBRARY == "libnvinfer.so.10"  # not an unversioned libnvinfer.so
+    assert tensorrt_version_mismatch("10.13.3.9") == ""
+    assert "needs TensorRT 10" in tensorrt_version_mismatch("8.6.1")
+    assert "needs TensorRT 10" in tensorrt_version_mismatch("")
+
+
+def _failing_providers(failing: set[str], attempts: list[list[str]]) -> type:
+    """StrictSession whose creation fails, as a provider that cannot start does, while its
+    first provider is in `failing`; records each attempt's provider list. The real ONNX
+    Runtime (a CPU build) then creates the session, leaving out the providers it lacks."""
+
+    class FailingProviders(StrictSession):
+        def __init__(self, source: Any, sess_options: Any, providers: Any) -> None:
+            names = [p[0] if isinstance(p, tuple) else p for p in providers]
+            attempts.append(names)
+            if names[0] in failing:
+                raise RuntimeError(f"{names[0]}: CUDA failure 35: driver too old\nmore")
+            super().__init__(source, sess_options=sess_options, providers=[CPU])
+
+    return FailingProviders
+
+
+@pytest.mark.parametrize(
+    ("failing", "tried", "reason"),
+    [
+        ({TRT}, [[TRT, CUDA, CPU], [CUDA, CPU]],
+         f"{TRT} failed to start ({TRT}: CUDA failure 35: driver too old); running on {CPU}"),
+        ({TRT, CUDA}, [[TRT, CUDA, CPU], [CUDA, CPU], [CPU]],
+         f"{TRT} failed to start ({TRT}: CUDA failure 35: driver too old); "
+         f"{CUDA} failed to start ({CUDA}: CUDA failure 35: driver too old); running on {CPU}"),
+        (set(), [[TRT, CUDA, CPU]], ""),
+    ],
+)  # fmt: skip
+def test_a_provider_that_fails_to_start_hands_over_to_the_next(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    failing: set[str],
+    tried: list[list[str]],
+    reason: str,
+) -> None:
+    """TensorRT failing to load tries CUDA next, not the CPU at once."""
+    model = build_identity(tmp_path / "m.onnx", TensorProto.FLOAT)
+    attempts: list[list[str]] = []
+    monkeypatch.setattr(ort_backend, "StrictSession", _failing_providers(failing, attempts))
+    monkeypatch.setattr(ort_backend, "prepare_cuda_libraries", lambda: "")
+    requested = [(TRT, {}), (CUDA, {"device_id": "0"}), (CPU, {})]
+    session, why = ort_backend._open_session(model, None, ort.SessionOptions(), requested)
+    assert attempts == tried
+    assert why == reason
+    assert session.get_providers()[0] == CPU
+
+
+def test_a_model_no_provider_loads_fails_with_the_cpus_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match="ONNX Runtime cannot load"):
+        ort_backend._open_session(broken, None, ort.SessionOptions(), [(CPU, {})])
 
 
 class _Reported:

@@ -89,6 +89,16 @@ def test_executor_choice_falls_back_to_cpu() -> None:
     )  # fmt: skip
 
 
+def test_lanes_must_run_where_the_first_session_ran() -> None:
+    from tensord.executor.select import lanes_disagree
+
+    assert lanes_disagree(CUDA, [CUDA, CUDA]) == ""
+    assert lanes_disagree(CUDA, [CUDA, CPU]) == (
+        f"lane 1's session started on {CPU}, not on {CUDA} as the model's first session did"
+    )
+    assert lanes_disagree(TRT, [CUDA]).startswith(f"lane 0's session started on {CUDA}")
+
+
 def test_this_host_gets_the_executor_its_devices_allow() -> None:
     from tensord.devices import probe_gpus
 
@@ -105,7 +115,7 @@ def test_provider_options_carry_the_lane_stream_and_tensorrt_flags(tmp_path: Pat
     where = DeviceOptions(device_id=1, cuda_stream=0x7F00DEAD, cache_directory=tmp_path)
     options = dict(provider_options([TRT, CUDA, CPU], config, where))
     stream = {"device_id": "1", "user_compute_stream": "2130763437"}
-    assert options[CUDA] == stream | {"has_user_compute_stream": "1"}
+    assert options[CUDA] == stream | {"has_user_compute_stream": "1", "use_tf32": "0"}
     # ONNX Runtime's Python binding takes the TensorRT provider's flags as True/False only.
     assert options[TRT] == stream | {
         "trt_fp16_enable": "True",
@@ -113,3 +123,5 @@ def test_provider_options_carry_the_lane_stream_and_tensorrt_flags(tmp_path: Pat
         "trt_engine_cache_path": str(tmp_path / "tensorrt"),
     }
     assert options[CPU] == {}
+    tf32 = dict(provider_options([CUDA], ModelConfig(cuda_tf32=True), DeviceOptions()))
+    assert tf32[CUDA] == {"device_id": "0", "use_tf32": "1"}

@@ -137,6 +137,9 @@ def provider_options(
                     # The CUDA provider's own flag; the TensorRT provider's Python options
                     # parser knows only user_compute_stream, which implies it.
                     options["has_user_compute_stream"] = "1"
+        if name == "CUDAExecutionProvider":
+            # ONNX Runtime's CUDA provider uses TF32 for float32 unless told otherwise.
+            options["use_tf32"] = "1" if config.cuda_tf32 else "0"
         if name == "TensorrtExecutionProvider":
             # The Python binding parses the TensorRT provider's flags itself and takes only
             # "True"/"true"/"False"/"false" for them ("1" fails the session's creation).
@@ -158,30 +161,36 @@ def _open_session(
     requested: list[tuple[str, dict[str, str]]],
 ) -> tuple[ort.InferenceSession, str]:
     """A session on the requested providers, each with its options (a CUDA provider on the
-    lane's stream), or, when a device provider fails to start, on the CPU alone, with the
-    reason. ModelLoadError when not even that loads."""
+    lane's stream). When the first provider fails to start, the next one is tried with the
+    rest of the list (TensorRT, then CUDA, ..., then the CPU), and the reason says what
+    failed. ModelLoadError when not even the CPU loads the model."""
     if model is not None:  # a rewritten graph: its external weights stay beside `path`
         options.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", str(path.parent)
         )
     source = model if model is not None else str(path)
-    names = [name for name, _ in requested]
-    if any(name in (CUDA, TENSORRT) for name in names):
+    if any(name in (CUDA, TENSORRT) for name, _ in requested):
         prepare_cuda_libraries()
-    try:
-        session = StrictSession(source, sess_options=options, providers=requested)
-        check_provider_options(session, requested)
-        return session, ""
-    except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
-        if names == [CPU]:
-            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
-        failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    log.warning("onnxruntime.provider_failed", model_path=str(path), providers=names, error=failed)
-    try:
-        session = StrictSession(source, sess_options=options, providers=[CPU])
-    except Exception as exc:
-        raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
-    return session, f"{names[0]} failed to start ({failed}); running on {CPU}"
+    failures: list[str] = []
+    remaining = list(requested)
+    while True:
+        names = [name for name, _ in remaining]
+        try:
+            session = StrictSession(source, sess_options=options, providers=remaining)
+            check_provider_options(session, remaining)
+        except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
+            if names == [CPU] or len(remaining) == 1:
+                raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
+            failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning(
+                "onnxruntime.provider_failed", model_path=str(path), providers=names, error=failed
+            )
+            failures.append(f"{names[0]} failed to start ({failed})")
+            remaining = remaining[1:]
+            continue
+        if not failures:
+            return session, ""
+        return session, f"{'; '.join(failures)}; running on {session.get_providers()[0]}"
 
 
 class OnnxRuntimeBackend:

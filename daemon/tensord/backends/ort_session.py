@@ -11,8 +11,8 @@ Three things ONNX Runtime's Python layer does quietly are made loud or undone he
   cuDNN and cudart; unless they are loaded first (`onnxruntime.preload_dlls`) the provider
   may fail to load and the model run on the CPU. `prepare_cuda_libraries` loads them once.
 - The TensorRT provider is listed by every onnxruntime-gpu build, installed TensorRT or
-  not; `usable_providers` drops it where TensorRT's runtime library cannot be loaded, so it
-  is not ranked first only to fail.
+  not; `usable_providers` drops it where the TensorRT runtime that provider links
+  (`libnvinfer.so.10`) cannot be loaded, so it is not ranked first only to fail.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ log = structlog.get_logger("tensord.backends")
 
 TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"
-_TENSORRT_LIBRARIES = ("libnvinfer.so.10", "libnvinfer.so")
+TENSORRT_MAJOR = 10
+"""The TensorRT major that onnxruntime-gpu 1.31's TensorRT provider is linked against: its
+library needs `libnvinfer.so.10`. An unversioned `libnvinfer.so` (a development link to any
+release, TensorRT 8 as well) proves nothing about it."""
+TENSORRT_LIBRARY = f"libnvinfer.so.{TENSORRT_MAJOR}"
 
 
 class StrictSession(ort.InferenceSession):
@@ -44,21 +48,31 @@ class StrictSession(ort.InferenceSession):
 
 @functools.cache
 def tensorrt_loadable() -> str:
-    """ "" when TensorRT's runtime library loads in this process, else why not."""
-    errors = []
-    for name in _TENSORRT_LIBRARIES:
-        try:
-            ctypes.CDLL(name)
-            return ""
-        except OSError as exc:
-            errors.append(str(exc))
-    try:  # the tensorrt wheel loads its bundled libraries when imported
-        import tensorrt  # noqa: F401
-    except Exception as exc:
-        errors.append(f"import tensorrt: {exc}")
+    """ "" when the TensorRT runtime the TensorRT provider needs loads in this process,
+    else why not."""
+    try:
+        ctypes.CDLL(TENSORRT_LIBRARY)
+    except OSError as exc:
+        library_error = str(exc)
     else:
         return ""
-    return "; ".join(errors)
+    try:  # the tensorrt wheel loads its bundled libraries when imported
+        import tensorrt
+    except Exception as exc:
+        return f"{library_error}; import tensorrt: {exc}"
+    return tensorrt_version_mismatch(str(getattr(tensorrt, "__version__", "")))
+
+
+def tensorrt_version_mismatch(version: str) -> str:
+    """ "" when a tensorrt wheel of `version` serves the TensorRT provider, else why not."""
+    major = version.split(".", 1)[0]
+    if major == str(TENSORRT_MAJOR):
+        return ""
+    return (
+        f"{TENSORRT_LIBRARY} is not on the library path, and the tensorrt package is "
+        f"{version or 'of an unknown version'}: the TensorRT provider needs TensorRT "
+        f"{TENSORRT_MAJOR}"
+    )
 
 
 def usable_providers(available: Sequence[str]) -> list[str]:

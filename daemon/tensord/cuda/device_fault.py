@@ -7,6 +7,12 @@ uncorrectable ECC and NVLink errors, reports failed hardware). Errors that pass,
 cudaErrorDevicesUnavailable (a device busy in an exclusive compute mode) or
 cudaErrorMemoryAllocation, are not here: the daemon keeps serving through them.
 
+cudaErrorUnknown (999) is here as well. The documentation does not call it sticky, but it is
+what a virtualised GPU host returns once the device behind the guest has gone (a reset or
+a lost passthrough): every later call fails the same way, and only a new process (on a
+healthy device) serves again. Treating it as passing would leave the daemon SERVING while
+every request fails.
+
 Pure Python, so that backends which only see an error's text (ONNX Runtime's CUDA and
 TensorRT providers report "CUDA failure 700: an illegal memory access was encountered")
 can classify it without cuda-python.
@@ -32,6 +38,7 @@ STICKY_CUDA_ERRORS: dict[int, str] = {
     721: "cudaErrorTensorMemoryLeak",
     810: "cudaErrorMpsClientTerminated",
     911: "cudaErrorExternalDevice",
+    999: "cudaErrorUnknown",
 }
 
 # The driver API's names for the same conditions (CUDA_ERROR_ILLEGAL_ADDRESS, ...).
@@ -51,6 +58,7 @@ _DRIVER_NAMES = {
     "CUDA_ERROR_TENSOR_MEMORY_LEAK": 721,
     "CUDA_ERROR_MPS_CLIENT_TERMINATED": 810,
     "CUDA_ERROR_EXTERNAL_DEVICE": 911,
+    "CUDA_ERROR_UNKNOWN": 999,
 }
 
 _NAMES = {name: code for code, name in STICKY_CUDA_ERRORS.items()} | _DRIVER_NAMES

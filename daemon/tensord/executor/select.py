@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+import structlog
+
 from tensord.backends.base import Backend, DeviceOptions, TensorSpec
 from tensord.devices import GpuReport, probe_gpus
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
 from tensord.executor.base import Executor
 from tensord.executor.cpu import CpuExecutor
+
+log = structlog.get_logger("tensord.executor")
 
 # Providers whose sessions run on a CUDA device and accept device buffers: ONNX Runtime's
 # (IOBinding), and "CUDA" for a backend that launches its own kernels on the lane's stream.
@@ -26,6 +30,23 @@ def executor_choice(provider: str, gpus: GpuReport, specs: Sequence[TensorSpec])
     if any(spec.dtype is DType.STRING for spec in specs):
         return "cpu", "string tensors live in host memory; ONNX Runtime copies the rest itself"
     return "cuda", f"{provider} on {gpus.gpus[0].name}: batches are pipelined over CUDA streams"
+
+
+def lanes_disagree(probe: str, lanes: Sequence[str]) -> str:
+    """Why lane sessions cannot serve as the CUDA executor's, or "" when they can.
+
+    The executor is chosen from the model's first session, but each lane opens its own on
+    its stream, and ONNX Runtime may start one of them on another provider (the CPU, after
+    a device provider failed for that lane alone): the CUDA executor would then hand device
+    pointers to a session that reads host memory. Every lane must run where the first
+    session ran."""
+    for index, provider in enumerate(lanes):
+        if provider != probe:
+            return (
+                f"lane {index}'s session started on {provider}, not on {probe} as the "
+                "model's first session did"
+            )
+    return ""
 
 
 def build_tensorrt_executor(
@@ -65,9 +86,8 @@ def build_executor(
     The CUDA executor needs one session per lane, each on its lane's stream, so the probe
     session is closed and replaced by lane sessions.
     """
-    kind, reason = executor_choice(
-        backend.placement.provider, probe_gpus(), [*backend.inputs, *backend.outputs]
-    )
+    provider = backend.placement.provider
+    kind, reason = executor_choice(provider, probe_gpus(), [*backend.inputs, *backend.outputs])
     if kind == "cuda":
         from tensord.executor.cuda.executor import CudaExecutor
 
@@ -79,5 +99,12 @@ def build_executor(
             where.device_id,
             reason,
         )
-        return executor, executor.primary_backend
+        why = lanes_disagree(provider, [b.placement.provider for b in executor.lane_backends])
+        if not why:
+            return executor, executor.primary_backend
+        executor.close()
+        log.warning("executor.lanes_disagree", model=name, reason=why)
+        backend = make_backend(where)  # no lane stream: ONNX Runtime copies batches itself
+        reason = f"{why}; batches stay in host memory"
+        kind = "cpu"
     return CpuExecutor(name, backend, lanes(kind), reason), backend

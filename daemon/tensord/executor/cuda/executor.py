@@ -90,6 +90,11 @@ class CudaExecutor(LaneExecutor):
             cudart.cudaStreamDestroy(lane.stream)
 
     @property
+    def lane_backends(self) -> list[Any]:
+        """Each lane's backend session, in lane order."""
+        return [lane.backend for lane in self._lanes]
+
+    @property
     def primary_backend(self) -> Any:
         """Lane 0's backend (its signature and placement describe the model)."""
         return self._lanes[0].backend
