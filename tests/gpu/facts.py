@@ -2,9 +2,12 @@
 NVRTC, ONNX Runtime's providers, TensorRT, and the versions of the packages tensord uses.
 
     python tests/gpu/facts.py OUT.json
+    python tests/gpu/facts.py --imports
 
-Run by tests/gpu/run-offline.sh. Exits 1, saying why, when the CUDA probe sees no device,
-so a host that should have one never goes on to a run of skips.
+Run by the GPU calls (tests/gpu/run-offline.sh, run-ort-gpu.sh). Exits 1, saying why, when
+the CUDA probe sees no device, so a host that should have one never goes on to a run of
+skips. With --imports it checks that every module the GPU tests and benchmarks import
+loads, and that ONNX Runtime is the release pyproject.toml pins.
 """
 
 from __future__ import annotations
@@ -104,7 +107,55 @@ def onnxruntime() -> dict[str, Any]:
     }
 
 
+IMPORTS = (
+    "grpc", "grpc_health.v1.health", "grpc_reflection.v1alpha.reflection", "google.protobuf",
+    "google.rpc.status_pb2", "pydantic", "structlog", "numpy", "onnx", "onnxruntime",
+    "tokenizers", "prometheus_client", "pytest", "pytest_asyncio", "pytest_timeout", "h2",
+    "cuda.bindings.runtime", "cuda.bindings.nvrtc", "tensord.server.app", "tensord_client",
+)  # fmt: skip
+
+
+def pinned_onnxruntime() -> str:
+    """The ONNX Runtime release pyproject.toml's cpu extra pins."""
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    (pin,) = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["cpu"]
+    return str(pin.split("==", 1)[1])
+
+
+def check_imports() -> int:
+    """0 when every module imports and ONNX Runtime is the pinned release, else 1."""
+    import importlib
+
+    missing = []
+    for name in IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            missing.append(f"{name}: {exc}")
+    if missing:
+        print("cannot import:\n  " + "\n  ".join(missing), file=sys.stderr)
+        return 1
+    import google.protobuf
+    import grpc
+    import onnxruntime as ort
+
+    print(f"grpcio {grpc.__version__} ({grpc.__file__}), protobuf {google.protobuf.__version__}")
+    print(f"onnxruntime {ort.__version__} ({ort.__file__})")
+    if ort.__version__ != pinned_onnxruntime():
+        print(
+            f"onnxruntime {ort.__version__} is not the pinned {pinned_onnxruntime()}: carry "
+            "build/gpu-wheels (make gpu-wheels)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--imports"]:
+        return check_imports()
     out = Path(sys.argv[1])
     from tensord.backends.tensorrt import tensorrt_status
 

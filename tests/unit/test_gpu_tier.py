@@ -86,7 +86,36 @@ def test_the_cuda_dependency_is_cuda_bindings_not_the_meta_package() -> None:
         assert "cuda-bindings>=13,<14" in extras[name]
     for deps in extras.values():
         assert not [d for d in deps if d.startswith(("cuda-python", "cuda-core"))]
-    assert extras["cpu"] == ["onnxruntime>=1.20,<2"]  # serving on the CPU needs no CUDA
+    assert extras["cpu"] == ["onnxruntime==1.31.1"]  # serving on the CPU needs no CUDA
+
+
+def test_onnx_runtime_is_one_pinned_release_everywhere() -> None:
+    """CI, the CPU and GPU extras and both GPU calls run one ONNX Runtime: the CPU wheel
+    call 1 carries and the onnxruntime-gpu call 2 repacks are the Makefile's ORT_VERSION,
+    and the GPU wheel is a CUDA 13 build (1.31.1 is) for the host's driver."""
+    import re
+    import tomllib
+
+    import onnxruntime
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    (version,) = re.findall(r"^ORT_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert f"onnxruntime=={version}" in extras["cpu"]
+    assert f"onnxruntime-gpu=={version}" in extras["gpu"]
+    assert onnxruntime.__version__ == version  # what make test installed
+
+
+def test_call_one_fits_its_330_seconds() -> None:
+    """GPU call 1's step caps add up to at most 330 s, its whole deadline."""
+    import re
+
+    script = (ROOT / "tests/gpu/run-offline.sh").read_text()
+    caps = {name: int(value) for name, value in re.findall(r"\bCAP_(\w+)=(\d+)", script)}
+    assert set(caps) == {"VISIBLE", "WHEELS", "IMPORTS", "FACTS", "TESTS", "KERNELS", "GPU"}
+    (deadline,) = re.findall(r"^CALL1_SECONDS=(\d+)$", script, re.M)
+    assert sum(caps.values()) <= int(deadline) <= 330, caps
 
 
 def test_the_offline_run_fails_loudly_without_a_gpu(tmp_path: Path) -> None:
