@@ -3,11 +3,13 @@ NVRTC, ONNX Runtime's providers, TensorRT, and the versions of the packages tens
 
     python tests/gpu/facts.py OUT.json
     python tests/gpu/facts.py --imports
+    python tests/gpu/facts.py --cuda-session
 
 Run by the GPU calls (tests/gpu/run-offline.sh, run-ort-gpu.sh). Exits 1, saying why, when
 the CUDA probe sees no device, so a host that should have one never goes on to a run of
 skips. With --imports it checks that every module the GPU tests and benchmarks import
-loads, and that ONNX Runtime is the release pyproject.toml pins.
+loads, and that ONNX Runtime is the release pyproject.toml pins; with --cuda-session that
+tensord opens a model on the CUDA provider (exit 1, saying which provider it got, if not).
 """
 
 from __future__ import annotations
@@ -153,9 +155,47 @@ def check_imports() -> int:
     return 0
 
 
+def check_cuda_session() -> int:
+    """0 when tensord opens a model on ONNX Runtime's CUDA provider and it computes there,
+    else 1: the provider the session really got is read back, not the build's list."""
+    import tempfile
+
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from tensord.backends.onnxruntime import OnnxRuntimeBackend
+    from tensord.backends.ort_session import prepare_cuda_libraries
+    from tensord.modelconfig.model import ModelConfig
+    from tests.models import _save
+
+    print(f"CUDA libraries: {prepare_cuda_libraries()}")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])],
+        "matmul",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [64, 64]) for n in "ab"],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [64, 64])],
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _save(graph, Path(tmp) / "matmul.onnx")
+        backend = OnnxRuntimeBackend(path, ModelConfig(providers=["cuda", "cpu"]))
+        placement = backend.placement
+        print(f"session on {placement.provider}: {placement.provider_reason}")
+        if placement.provider != "CUDAExecutionProvider":
+            return 1
+        rng = np.random.default_rng(0)
+        a, b = (rng.normal(size=(64, 64)).astype(np.float32) for _ in range(2))
+        (c,) = backend.run({"a": a, "b": b}, ["c"])
+        error = float(np.abs(c - a.astype(np.float64) @ b).max())
+        print(f"MatMul on the CUDA provider (TF32 off): max abs error {error:.2e}")
+        backend.close()
+        return 0 if error < 1e-4 else 1
+
+
 def main() -> int:
     if sys.argv[1:] == ["--imports"]:
         return check_imports()
+    if sys.argv[1:] == ["--cuda-session"]:
+        return check_cuda_session()
     out = Path(sys.argv[1])
     from tensord.backends.tensorrt import tensorrt_status
 

@@ -8,8 +8,8 @@ Three things ONNX Runtime's Python layer does quietly are made loud or undone he
   finish. `StrictSession` turns that retry off, and `check_provider_options` verifies,
   after creation, that a CUDA or TensorRT provider really took the lane's stream.
 - onnxruntime-gpu's CUDA provider library has no RUNPATH to the nvidia-* wheels' cuBLAS,
-  cuDNN and cudart; unless they are loaded first (`onnxruntime.preload_dlls`) the provider
-  may fail to load and the model run on the CPU. `prepare_cuda_libraries` loads them once.
+  cuDNN and cudart; unless they are loaded first the provider may fail to load and the
+  model run on the CPU. `prepare_cuda_libraries` loads them once (cuda_libraries.py).
 - The TensorRT provider is listed by every onnxruntime-gpu build, installed TensorRT or
   not; `usable_providers` drops it where the TensorRT runtime that provider links
   (`libnvinfer.so.10`) cannot be loaded, so it is not ranked first only to fail.
@@ -24,6 +24,8 @@ from typing import Any
 
 import onnxruntime as ort
 import structlog
+
+from tensord.backends.cuda_libraries import prepare
 
 log = structlog.get_logger("tensord.backends")
 
@@ -84,17 +86,14 @@ def usable_providers(available: Sequence[str]) -> list[str]:
 
 @functools.cache
 def prepare_cuda_libraries() -> str:
-    """Load the CUDA and cuDNN libraries of the nvidia-* wheels before a CUDA session
-    (once per process); returns what happened, for the log."""
-    preload = getattr(ort, "preload_dlls", None)
-    if preload is None:
-        return "onnxruntime has no preload_dlls; the CUDA libraries come from the library path"
-    try:
-        preload(cuda=True, cudnn=True, msvc=False)
-    except Exception as exc:  # the wheels are absent: a system CUDA may still serve
-        outcome = f"preload_dlls failed ({exc}); the CUDA libraries come from the library path"
+    """Load the CUDA and cuDNN libraries the CUDA provider needs before its first session
+    (once per process, `cuda_libraries.prepare`); returns what happened, for the log."""
+    cuda_version = str(getattr(ort, "cuda_version", "") or "")
+    if not cuda_version:
+        outcome = f"onnxruntime {ort.__version__} is not a CUDA build: no CUDA libraries to load"
     else:
-        outcome = "loaded the CUDA and cuDNN libraries of the nvidia-* wheels"
+        report = prepare(cuda_version, getattr(ort, "preload_dlls", None))
+        outcome = f"CUDA {cuda_version} build: {report.describe()}"
     log.info("onnxruntime.cuda_libraries", outcome=outcome)
     return outcome
 

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# GPU call 2: the frontends scaling run, then onnxruntime-gpu brought in parts and the CUDA
+# provider's paths (docs/development.md, "The GPU plan"). The same command serves every
+# transfer of the call; each does what its carried files allow:
+#
+#   tests/gpu/run-ort-gpu.sh [RESULTS_DIR]     (default: $OUT where set, else build/gpu-run)
+#
+# 1. Exits 2 at once, saying why, where no NVIDIA GPU is visible.
+# 2. The wheels of `make gpu-wheels` (build/gpu-wheels), unless an earlier call installed
+#    them on this machine.
+# 3. frontends-scaling (once per machine, at most 120 s): benchmarks/frontends_bench.py
+#    --scaling with 1, 4 and 8 frontends (frontends.json).
+# 4. ort-gpu-parts: tests/gpu/ort-gpu-install.sh keeps the carried parts of the repacked
+#    onnxruntime-gpu (build/ort-gpu-parts, `make gpu-ort-pack`) outside the work tree; while
+#    some are missing the call ends here with exit 3, naming them.
+# 5. With every part in: ort-session (a real CUDA-provider session, its provider read
+#    back; the CUDA and cuDNN libraries from the host's nvidia-* wheels), the tests marked
+#    ort_gpu (TF32 off), and Predict through the daemon on the CUDA provider
+#    (kernel_bench.py --predict-only: GPU against CPU preprocessing, kernels.json).
+# 6. summary.json and the one-screen summary; exit 0 only when every step passed.
+#
+# Environment: PYTHON, TENSORD_GPU_WHEELS, TENSORD_GPU_SITE, TENSORD_ORT_GPU_DIR
+# (/var/tmp/tensord-ort-gpu), TENSORD_GPU_STEPS, TENSORD_GPU_TESTS (tests/gpu/steps.sh).
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO" || exit 2
+# shellcheck source=tests/gpu/steps.sh
+source tests/gpu/steps.sh
+RESULTS=${1:-${OUT:-build/gpu-run}}
+PY=${PYTHON:-python3}
+SITE=${TENSORD_GPU_SITE:-/tmp/tensord-gpu-site}
+ORT_DIR=${TENSORD_ORT_GPU_DIR:-/var/tmp/tensord-ort-gpu}
+open_results run-ort-gpu
+rm -f "$RESULTS"/{device.json,gpu-tests.xml,kernels.json,frontends*}
+
+CAP_SCALING=120 CAP_PARTS=60 CAP_SESSION=30 CAP_TESTS=150 CAP_PREDICT=90
+DEADLINE=$((STARTED + 570))
+
+gpu_or_stop
+TENSORD_GPU_WHEELS=${TENSORD_GPU_WHEELS:-build/gpu-wheels} use_wheels
+export PYTHONPATH="$PATHS$REPO/daemon:$REPO/clients/python:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+if want frontends-scaling && [ ! -e "$ORT_DIR/.scaling-done" ]; then
+    mkdir -p "$ORT_DIR"
+    nproc
+    step frontends-scaling "$CAP_SCALING" "1, 4 and 8 frontends" \
+        "$PY" benchmarks/frontends_bench.py --scaling --quick --duration 1 --warmup 0.5 \
+        --frontends 1,4,8 --results-dir "$RESULTS" && touch "$ORT_DIR/.scaling-done"
+fi
+
+if want ort-gpu-parts || [ ! -d "$ORT_DIR/site/onnxruntime" ]; then
+    TENSORD_ORT_GPU_DIR=$ORT_DIR step ort-gpu-parts "$CAP_PARTS" "" \
+        bash tests/gpu/ort-gpu-install.sh build/ort-gpu-parts
+    case $? in
+        0) ;;
+        3) echo "run-ort-gpu: carry the missing parts next (with build/ort-gpu-parts/SHA256SUMS)"
+           finish 3 ;;
+        *) echo "run-ort-gpu: onnxruntime-gpu did not install (run.log says why)" >&2
+           finish 1 ;;
+    esac
+fi
+export PYTHONPATH="$ORT_DIR/site:$PYTHONPATH"
+
+if want ort-session; then
+    step ort-session "$CAP_SESSION" "" "$PY" tests/gpu/facts.py --cuda-session ||
+        { echo "run-ort-gpu: no CUDA-provider session (run.log says why)" >&2; finish 1; }
+    "$PY" tests/gpu/facts.py "$RESULTS/device.json" >/dev/null
+fi
+if want gpu-tests; then
+    TESTS=(tests/gpu -m ort_gpu)
+    # shellcheck disable=SC2206  # split on purpose: node ids, or -k with one word
+    [ -n "${TENSORD_GPU_TESTS:-}" ] && TESTS=($TENSORD_GPU_TESTS -m ort_gpu)
+    step gpu-tests "$CAP_TESTS" "the ort_gpu tests" \
+        env TENSORD_REQUIRE_GPU=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \
+        "$PY" -m pytest -p pytest_asyncio.plugin -p pytest_timeout -p no:cacheprovider \
+        -rfEs --junitxml="$RESULTS/gpu-tests.xml" "${TESTS[@]}"
+fi
+if want predict; then
+    step predict "$CAP_PREDICT" "GPU against CPU preprocessing, CUDA provider" \
+        "$PY" benchmarks/kernel_bench.py --predict-only --requests 100 \
+        --out "$RESULTS/kernels.json"
+fi
+finish
