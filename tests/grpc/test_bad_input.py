@@ -365,7 +365,9 @@ def test_deadline_while_running(stub: pb_grpc.InferenceServiceStub) -> None:
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(slow_request(batch), timeout=seconds / 3)
     assert info.value.code() == Code.DEADLINE_EXCEEDED
-    assert time.monotonic() - start < seconds
+    # gRPC's deadline on the client ends the call while the run goes on; a loaded host
+    # may deliver it late, though not by half a second.
+    assert time.monotonic() - start < seconds / 3 + 0.5
     assert_still_serving(stub)
 
 

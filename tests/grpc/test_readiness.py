@@ -51,10 +51,11 @@ def failing_repository(root: Path) -> Path:
 
 @pytest.fixture
 def listener(monkeypatch: pytest.MonkeyPatch) -> Iterator[NotifyListener]:
-    """systemd's side of the notify protocol, with a watchdog every 0.5 s."""
+    """systemd's side of the notify protocol, with a watchdog every second (each probe
+    given 0.5 s: an in-process server on a loaded host can take a few hundred ms)."""
     sock = NotifyListener(abstract=True)
     monkeypatch.setenv("NOTIFY_SOCKET", sock.address)
-    monkeypatch.setenv("WATCHDOG_USEC", "1000000")
+    monkeypatch.setenv("WATCHDOG_USEC", "2000000")
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
     yield sock
     sock.close()

@@ -79,25 +79,33 @@ async def test_preferred_size_dispatches_at_once() -> None:
     assert rec.batches == [[1, 1, 1, 1]]
 
 
+DELAY_S = 0.5
+"""The queue delay of the two-arrival tests; the second request comes 0.4 s after the
+first, so a deadline renewed by it would close the batch 0.4 s late: that much room for a
+loaded host's late wake-up."""
+
+
 async def two_arrivals(
     batcher: DynamicBatcher,
-) -> tuple[float, asyncio.Task[RunResult], asyncio.Task[RunResult]]:
-    """When it started, and two requests of one kind, the second 0.2 s after the first."""
+) -> tuple[float, float, asyncio.Task[RunResult], asyncio.Task[RunResult]]:
+    """When it started, when the second request was sent, and two requests of one kind,
+    the second 0.4 s after the first."""
     start = time.monotonic()
     a = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.4)
+    second = time.monotonic()
     b = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
-    return start, a, b
+    return start, second, a, b
 
 
 async def test_one_monotonic_deadline_per_batch() -> None:
     rec = Recorder()
-    batcher = make(rec, max_queue_delay_s=0.3)
-    start, a, b = await two_arrivals(batcher)
+    batcher = make(rec, max_queue_delay_s=DELAY_S)
+    start, second, a, b = await two_arrivals(batcher)
     await asyncio.gather(a, b)
-    elapsed = time.monotonic() - start
-    # Closed 0.3 s after the first arrival, not 0.3 s after the second.
-    assert 0.3 <= elapsed < 0.49  # a deadline renewed by the second arrival would be 0.5
+    closed = time.monotonic()
+    # Closed DELAY_S after the first arrival, before a deadline renewed by the second.
+    assert start + DELAY_S <= closed < second + DELAY_S, (closed - start, second - start)
     assert rec.batches == [[1, 1]]
 
 
@@ -216,9 +224,11 @@ async def test_a_full_batch_does_not_wait_for_another_kinds_delay() -> None:
     narrow = asyncio.create_task(batcher.submit(rows(1, width=2), ["y"], None))
     await asyncio.sleep(0.01)
     await batcher.submit(rows(4, width=3), ["y"], None)  # full at once
-    assert time.monotonic() - start < 0.25
-    await narrow  # its own batch closes at its own deadline
-    assert 0.5 <= time.monotonic() - start < 0.75
+    # Waiting for the narrow batch's delay would take all of its 0.5 s (timers never
+    # fire early): anything less did not wait.
+    assert time.monotonic() - start < 0.5
+    await narrow  # its own batch closes at its own deadline, not a second delay later
+    assert 0.5 <= time.monotonic() - start < 1.0
     assert rec.batches == [[4], [1]]
 
 
@@ -241,13 +251,14 @@ async def test_a_backlog_fills_the_largest_preferred_size() -> None:
 
 async def test_the_deadline_stays_when_the_first_request_leaves() -> None:
     rec = Recorder()
-    batcher = make(rec, max_queue_delay_s=0.3)
-    start, a, b = await two_arrivals(batcher)
+    batcher = make(rec, max_queue_delay_s=DELAY_S)
+    start, second, a, b = await two_arrivals(batcher)
     await asyncio.sleep(0.02)
     a.cancel()
     await b
-    # The batch a opened closes 0.3 s after a arrived, not 0.3 s after b.
-    assert 0.3 <= time.monotonic() - start < 0.45
+    closed = time.monotonic()
+    # The batch a opened closes DELAY_S after a arrived, not DELAY_S after b.
+    assert start + DELAY_S <= closed < second + DELAY_S, (closed - start, second - start)
     assert rec.batches == [[1]]
 
 
@@ -273,8 +284,10 @@ async def test_a_request_that_expires_while_its_batch_runs_is_not_served() -> No
     rec.gate.clear()
     batcher = make(rec, max_queue_delay_s=0.01)
     kept = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
-    late = asyncio.create_task(batcher.submit(rows(2), ["y"], time.monotonic() + 0.1))
-    await asyncio.sleep(0.05)
+    late = asyncio.create_task(batcher.submit(rows(2), ["y"], time.monotonic() + 0.3))
+    async with asyncio.timeout(5):  # the batch closes after 0.01 s, well before late's deadline
+        while not rec.batches:
+            await asyncio.sleep(0.005)
     assert rec.batches == [[1, 2]]  # joined, and running
     with pytest.raises(DeadlineExceededError):
         await late
