@@ -262,7 +262,10 @@ def test_sigterm_drains_frontends_then_the_engine(test_repo: Path, tmp_path: Pat
         slow = {"x": rng.normal(size=(256, 1024)).astype(np.float32)}
         with Client(daemon.target, timeout=60, retries=0) as client, ThreadPoolExecutor(6) as pool:
             calls = [pool.submit(client.predict, "slow", slow) for _ in range(6)]
-            time.sleep(0.3)  # queued or running when SIGTERM comes
+            deadline = time.monotonic() + 30
+            while _arrived(client, "slow") < 6:  # queued or running when SIGTERM comes
+                assert time.monotonic() < deadline, _arrived(client, "slow")
+                time.sleep(0.01)
             daemon.process.send_signal(signal.SIGTERM)
             results = [c.result(timeout=60) for c in calls]
         assert all(r["y"].shape == (256, 1024) for r in results)
@@ -281,6 +284,12 @@ def test_sigterm_drains_frontends_then_the_engine(test_repo: Path, tmp_path: Pat
     finally:
         if daemon.process.poll() is None:
             daemon.process.kill()
+
+
+def _arrived(client: Client, model: str) -> int:
+    """Runs that reached `model`'s executor: started (done or not) or queued, from Info."""
+    (status,) = [m.executor_status for m in client.info().models if m.name == model]
+    return sum(lane.runs for lane in status.lanes) + status.queue_depth
 
 
 def test_a_second_daemon_on_the_port_is_refused(
@@ -427,6 +436,14 @@ def test_the_openai_api_on_every_frontend(demo_repo: Path, tmp_path: Path) -> No
             daemon.process.kill()
 
 
+def _ring_full(error: BaseException) -> bool:
+    return (
+        isinstance(error, grpc.RpcError)
+        and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and "ring is full" in (error.details() or "")
+    )
+
+
 def test_a_full_ring_answers_resource_exhausted(demo_repo: Path, tmp_path: Path) -> None:
     """With the engine stopped, requests fill a frontend's ring (4 MiB with 1 MiB messages,
     so about 14 of 245 KB and the room kept for one more):
@@ -447,12 +464,15 @@ def test_a_full_ring_answers_resource_exhausted(demo_repo: Path, tmp_path: Path)
                         waiting.append(call)
                         continue
                     refused = call.exception()
-                assert isinstance(refused, grpc.RpcError), refused
-                assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "ring is full" in refused.details() and len(waiting) >= 3
+                assert refused is not None and _ring_full(refused), refused
             finally:
                 os.kill(engine, signal.SIGCONT)
-            assert all(w.result(30)["output"].shape == (120, 10) for w in waiting)
+            # A refusal slower than 0.2 s (a loaded host) was counted as waiting: it is
+            # the same refusal. The calls in the ring are served once the engine runs.
+            late = [e for e in (w.exception(30) for w in waiting) if e is not None]
+            assert all(_ring_full(e) for e in late), late
+            served = [w.result() for w in waiting if w.exception() is None]
+            assert len(served) >= 3 and all(r["output"].shape == (120, 10) for r in served)
             assert client.predict("mlp", {"input": big})["output"].shape == (120, 10)
     finally:
         if daemon.process.poll() is None:

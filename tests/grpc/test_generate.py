@@ -438,7 +438,10 @@ def test_drain_ends_requests_not_started_at_once(gen_repo: Path, tmp_path: Path)
         result: list[grpc.RpcError] = []
         reader = threading.Thread(target=lambda: result.append(_error_of(waiting)))
         reader.start()
-        time.sleep(0.2)  # queued behind the running stream
+        deadline = time.monotonic() + 10
+        while _waiting(client) == 0:  # until queued behind the running stream
+            assert time.monotonic() < deadline, "the second stream never queued"
+            time.sleep(0.01)
         start = time.monotonic()
         stopper.start()
         reader.join(10)
@@ -454,6 +457,12 @@ def test_drain_ends_requests_not_started_at_once(gen_repo: Path, tmp_path: Path)
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert "had not started" in error.details()
     assert took < 2  # at the start of the drain, not at the end of its 4 s grace
+
+
+def _waiting(client: Client) -> int:
+    """Sequences waiting for a seat in the generator, as Info shows them."""
+    (model,) = [m for m in client.info().models if m.name == MODEL]
+    return int(model.generator.waiting)
 
 
 def _error_of(stream: Iterator[GenerateChunk]) -> grpc.RpcError:
