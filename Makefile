@@ -14,7 +14,7 @@ ARGS ?=
 SOAK_ARGS ?=
 FUZZ_SECONDS ?= 600
 
-.PHONY: setup setup-gpu proto dist docs demo serve test test-frontends test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-parts lint npm-deps systemd-tools clean help
+.PHONY: setup setup-gpu proto dist docs demo serve test test-frontends test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-pack lint npm-deps systemd-tools clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
@@ -30,7 +30,7 @@ help:
 	@echo "make bench-fuzz fuzz the daemon for FUZZ_SECONDS (600; make test fuzzes 30 s)"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
 	@echo "make gpu-wheels the wheels tests/gpu/run-offline.sh installs on an offline GPU host"
-	@echo "make gpu-ort-parts  onnxruntime-gpu in checksummed parts for an offline GPU host"
+	@echo "make gpu-ort-pack   onnxruntime-gpu cut to its CUDA provider, in checksummed parts for an offline GPU host"
 	@echo "make lint       ruff (check, format), mypy and the layers contract (lint-imports)"
 
 $(PY):
@@ -178,8 +178,6 @@ bench-gpu: $(SETUP_STAMP)
 # The offline GPU run (docs/development.md): wheels for the GPU host's Python 3.12, which
 # has no network; tests/gpu/run-offline.sh installs them with --no-index.
 GPU_WHEELS ?= build/gpu-wheels
-ORT_PARTS ?= build/ort-gpu-parts
-ORT_PART_SIZE ?= 48M
 GPU_PIP_DOWNLOAD = $(PY) -m pip download --disable-pip-version-check --only-binary=:all: \
 	--python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 \
 	--platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
@@ -206,10 +204,19 @@ gpu-wheels: | $(PY)
 	bytes=$$(du -scb $(GPU_WHEELS) $(ORT_CPU_WHEEL) | tail -1 | cut -f1); \
 	if [ $$bytes -gt 58720256 ]; then echo "over the 56 MiB call 1 may carry beside the tree"; exit 1; fi
 
-gpu-ort-parts: | $(PY)
+# Call 2 carries onnxruntime-gpu repacked (tests/gpu/ort_gpu_pack.py): only what its CUDA
+# provider loads, kernels for ORT_GPU_ARCHS alone (90: H100, H200; "all" keeps every one),
+# as tar.xz in equal parts of at most ORT_PART_MAX_MIB, with SHA256SUMS;
+# tests/gpu/ort-gpu-install.sh puts them together on the GPU host. It prints the sizes and
+# how many calls carry the parts.
+ORT_PARTS ?= build/ort-gpu-parts
+ORT_GPU_ARCHS ?= 90
+ORT_PART_MAX_MIB ?= 56
+gpu-ort-pack: | $(PY)
 	rm -rf $(ORT_PARTS) build/ort-gpu-wheel
-	$(GPU_PIP_DOWNLOAD) --no-deps -d build/ort-gpu-wheel "onnxruntime-gpu>=1.20,<2"
-	tests/gpu/ort-gpu-parts.sh build/ort-gpu-wheel/onnxruntime_gpu-*.whl $(ORT_PARTS) $(ORT_PART_SIZE)
+	$(GPU_PIP_DOWNLOAD) --no-deps -d build/ort-gpu-wheel "onnxruntime-gpu==$(ORT_VERSION)"
+	$(PY) -m tests.gpu.ort_gpu_pack build/ort-gpu-wheel/onnxruntime_gpu-*.whl $(ORT_PARTS) \
+		--archs $(ORT_GPU_ARCHS) --part-max-mib $(ORT_PART_MAX_MIB) --gpu-wheels $(GPU_WHEELS)
 	rm -rf build/ort-gpu-wheel
 
 lint: $(VENV)/.setup-dev

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -135,79 +134,3 @@ def test_the_offline_run_fails_loudly_without_a_gpu(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ok"] is False and summary["steps"][-1]["rc"] != 0
     assert not (tmp_path / "gpu-tests.xml").exists()
-
-
-def fake_wheel(folder: Path) -> Path:
-    """A real (tiny) wheel of a package named onnxruntime, as pip installs it."""
-    import base64
-    import hashlib
-    import zipfile
-
-    files = {
-        "onnxruntime/__init__.py": (
-            "__version__ = '0.0.1'\n"
-            "def preload_dlls():\n    pass\n"
-            "def get_available_providers():\n    return ['CUDAExecutionProvider']\n"
-            + "# padding\n"
-            * 3000
-        ).encode(),
-        "onnxruntime_gpu-0.0.1.dist-info/METADATA": (
-            b"Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 0.0.1\n"
-        ),
-        "onnxruntime_gpu-0.0.1.dist-info/WHEEL": (
-            b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        ),
-    }
-    record = []
-    for name, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    record.append("onnxruntime_gpu-0.0.1.dist-info/RECORD,,")
-    files["onnxruntime_gpu-0.0.1.dist-info/RECORD"] = "\n".join(record).encode() + b"\n"
-    wheel = folder / "onnxruntime_gpu-0.0.1-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return wheel
-
-
-def test_onnxruntime_gpu_travels_in_checked_parts(tmp_path: Path) -> None:
-    """The parts arrive over several transfers; each is checked, the joined wheel too, and
-    it installs where the offline run looks for it."""
-    wheel = fake_wheel(tmp_path)
-    parts, dest = tmp_path / "parts", tmp_path / "dest"
-    split = subprocess.run(
-        ["bash", "tests/gpu/ort-gpu-parts.sh", str(wheel), str(parts), "12k"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    pieces = sorted(parts.glob("*.part-*"))
-    assert len(pieces) >= 3, split.stdout
-    sums = (parts / "SHA256SUMS").read_text()
-    assert all(p.name in sums for p in pieces) and wheel.name in sums
-
-    def install(*names: str) -> subprocess.CompletedProcess[str]:
-        carried = tmp_path / "carried"
-        if carried.exists():
-            shutil.rmtree(carried)
-        carried.mkdir()
-        shutil.copy(parts / "SHA256SUMS", carried)
-        for name in names:
-            shutil.copy(parts / name, carried)
-        env = {**os.environ, "TENSORD_ORT_GPU_DIR": str(dest), "PYTHON": sys.executable}
-        return subprocess.run(
-            ["bash", "tests/gpu/ort-gpu-install.sh", str(carried)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-
-    first = install(pieces[0].name)
-    assert first.returncode == 3 and "parts still missing" in first.stdout, first.stderr
-    corrupt = parts / pieces[1].name
-    good = corrupt.read_bytes()
-    corrupt.write_bytes(b"x" + good[1:])
-    bad = install(pieces[1].name)
-    assert bad.returncode == 1 and "not kept" in bad.stderr
-    corrupt.write_bytes(good)
-    done = install(*(p.name for p in pieces[1:]))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "onnxruntime 0.0.1 ['CUDAExecutionProvider']" in done.stdout
-    assert (dest / "site" / "onnxruntime" / "__init__.py").exists()
