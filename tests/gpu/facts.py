@@ -156,39 +156,36 @@ def check_imports() -> int:
 
 
 def check_cuda_session() -> int:
-    """0 when tensord opens a model on ONNX Runtime's CUDA provider and it computes there,
-    else 1: the provider the session really got is read back, not the build's list."""
+    """0 when tensord's own loading (prepare_cuda_libraries, then OnnxRuntimeBackend with
+    its provider plan) opens ort_gpu_check's model on the CUDA provider and it computes
+    there, else 1: the provider the session really got is read back, not the build's list."""
     import tempfile
 
     import numpy as np
-    from onnx import TensorProto, helper
 
     from tensord.backends.onnxruntime import OnnxRuntimeBackend
     from tensord.backends.ort_session import prepare_cuda_libraries
     from tensord.modelconfig.model import ModelConfig
-    from tests.models import _save
+    from tests.gpu.ort_gpu_check import reference, tiny_model
 
     print(f"CUDA libraries: {prepare_cuda_libraries()}")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "b"], ["c"])],
-        "matmul",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [64, 64]) for n in "ab"],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [64, 64])],
-    )
     with tempfile.TemporaryDirectory() as tmp:
-        path = _save(graph, Path(tmp) / "matmul.onnx")
-        backend = OnnxRuntimeBackend(path, ModelConfig(providers=["cuda", "cpu"]))
+        path = Path(tmp) / "model.onnx"
+        path.write_bytes(tiny_model())
+        backend = OnnxRuntimeBackend(path, ModelConfig())
         placement = backend.placement
-        print(f"session on {placement.provider}: {placement.provider_reason}")
+        print(f"tensord's session runs on {placement.provider}: {placement.provider_reason}")
         if placement.provider != "CUDAExecutionProvider":
             return 1
-        rng = np.random.default_rng(0)
-        a, b = (rng.normal(size=(64, 64)).astype(np.float32) for _ in range(2))
-        (c,) = backend.run({"a": a, "b": b}, ["c"])
-        error = float(np.abs(c - a.astype(np.float64) @ b).max())
-        print(f"MatMul on the CUDA provider (TF32 off): max abs error {error:.2e}")
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((64, 128), dtype=np.float32)
+        w = rng.standard_normal((128, 32), dtype=np.float32) / 8
+        b = rng.standard_normal(32, dtype=np.float32)
+        (y,) = backend.run({"x": x, "w": w, "b": b}, ["y"])
         backend.close()
-        return 0 if error < 1e-4 else 1
+    error = float(np.abs(y - reference(x, w, b)).max())
+    print(f"the model on the CUDA provider (TF32 off): max abs error {error:.2e}")
+    return 0 if error < 1e-4 else 1
 
 
 def main() -> int:

@@ -12,10 +12,11 @@
 #    --scaling with 1, 4 and 8 frontends (frontends.json).
 # 4. ort-gpu-parts: tests/gpu/ort-gpu-install.sh keeps the carried parts of the repacked
 #    onnxruntime-gpu (build/ort-gpu-parts, `make gpu-ort-pack`) outside the work tree; while
-#    some are missing the call ends here with exit 3, naming them.
-# 5. With every part in: ort-session (a real CUDA-provider session, its provider read
-#    back; the CUDA and cuDNN libraries from the host's nvidia-* wheels), the tests marked
-#    ort_gpu (TF32 off), and Predict through the daemon on the CUDA provider
+#    some are missing the call ends here with exit 3, naming them. With the last one it
+#    unpacks them and runs a model on the bare CUDA provider (ort_gpu_check.py).
+# 5. ort-session: tensord's own loading opens a model on the CUDA provider (the CUDA and
+#    cuDNN libraries from the host's nvidia-* wheels) and the provider is read back; the
+#    tests marked ort_gpu (TF32 off); Predict through the daemon on the CUDA provider
 #    (kernel_bench.py --predict-only: GPU against CPU preprocessing, kernels.json).
 # 6. summary.json and the one-screen summary; exit 0 only when every step passed.
 #
@@ -34,11 +35,12 @@ ORT_DIR=${TENSORD_ORT_GPU_DIR:-/var/tmp/tensord-ort-gpu}
 open_results run-ort-gpu
 rm -f "$RESULTS"/{device.json,gpu-tests.xml,kernels.json,frontends*}
 
-CAP_SCALING=120 CAP_PARTS=60 CAP_SESSION=30 CAP_TESTS=150 CAP_PREDICT=90
-DEADLINE=$((STARTED + 570))
+# The caps add up to 430 s (gpu-visible 10 and wheels 30 included), under the call's 450.
+CAP_SCALING=120 CAP_PARTS=60 CAP_SESSION=30 CAP_TESTS=120 CAP_PREDICT=60
+DEADLINE=$((STARTED + 450))
 
 gpu_or_stop
-TENSORD_GPU_WHEELS=${TENSORD_GPU_WHEELS:-build/gpu-wheels} use_wheels
+use_wheels
 export PYTHONPATH="$PATHS$REPO/daemon:$REPO/clients/python:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
@@ -79,7 +81,7 @@ if want gpu-tests; then
 fi
 if want predict; then
     step predict "$CAP_PREDICT" "GPU against CPU preprocessing, CUDA provider" \
-        "$PY" benchmarks/kernel_bench.py --predict-only --requests 100 \
+        "$PY" benchmarks/kernel_bench.py --predict-only --requests 50 \
         --out "$RESULTS/kernels.json"
 fi
 finish

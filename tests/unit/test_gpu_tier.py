@@ -117,13 +117,28 @@ def test_call_one_fits_its_330_seconds() -> None:
     assert sum(caps.values()) <= int(deadline) <= 330, caps
 
 
-def test_the_offline_run_fails_loudly_without_a_gpu(tmp_path: Path) -> None:
-    """tests/gpu/run-offline.sh on a host without a GPU: a non-zero exit, the reason, and a
-    FAIL verdict in summary.json; nothing is measured."""
+def test_call_two_fits_its_450_seconds() -> None:
+    """GPU call 2's caps, with the set-up steps of steps.sh at their defaults, add up to
+    at most its deadline, which leaves 30 s of its 480 s timeout for the transfers."""
+    import re
+
+    script = (ROOT / "tests/gpu/run-ort-gpu.sh").read_text()
+    caps = {name: int(value) for name, value in re.findall(r"\bCAP_(\w+)=(\d+)", script)}
+    shared = (ROOT / "tests/gpu/steps.sh").read_text()
+    defaults = [int(v) for v in re.findall(r"\$\{CAP_(?:VISIBLE|WHEELS):-(\d+)\}", shared)]
+    (deadline,) = re.findall(r"^DEADLINE=\$\(\(STARTED \+ (\d+)\)\)$", script, re.M)
+    assert len(caps) == 5 and len(defaults) == 2
+    assert sum(caps.values()) + sum(defaults) <= int(deadline) <= 450, caps
+
+
+@pytest.mark.parametrize("call", ["run-offline.sh", "run-ort-gpu.sh"])
+def test_the_gpu_calls_fail_at_once_without_a_gpu(tmp_path: Path, call: str) -> None:
+    """Each GPU call on a host without a GPU: exit 2 at once, the reason, and a FAIL
+    verdict in summary.json; nothing is measured."""
     if probe_gpus().gpus:
-        pytest.skip("a CUDA device is visible here: the offline run would run for real")
+        pytest.skip("a CUDA device is visible here: the call would run for real")
     done = subprocess.run(
-        ["bash", "tests/gpu/run-offline.sh", str(tmp_path)],
+        ["bash", f"tests/gpu/{call}", str(tmp_path)],
         cwd=ROOT, env={**os.environ, "PYTHON": sys.executable}, capture_output=True,
         text=True, timeout=300,
     )  # fmt: skip
