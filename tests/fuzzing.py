@@ -1,4 +1,5 @@
-"""Seeded mutation fuzzing of the daemon's inputs: request messages and HTTP/2 frames.
+"""Seeded mutation fuzzing of the daemon's inputs: request messages, HTTP/2 frames and
+OpenAI request bodies.
 
 `mutate` takes a valid serialized request and breaks it the ways corrupted or hostile bytes
 break (bit flips, truncation, insertion, deletion, duplication, splicing, huge varints,
@@ -10,6 +11,7 @@ reproduced from its seed and index. Used by tests/e2e/test_fuzz.py (bounded in t
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable
 
@@ -169,3 +171,53 @@ def random_frames(rng: np.random.Generator, count: int) -> bytes:
         out += len(payload).to_bytes(3, "big") + bytes([kind, flags])
         out += stream.to_bytes(4, "big") + payload
     return bytes(out)
+
+
+OPENAI_REQUESTS: dict[str, dict[str, object]] = {
+    "/v1/completions": {"model": "tinylm", "prompt": "Hello there", "max_tokens": 4},
+    "/v1/chat/completions": {
+        "model": "tinylm",
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "max_tokens": 4,
+    },
+}
+"""Valid OpenAI requests to spoil, by path."""
+_OPENAI_FIELDS = (
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
+    "top_p", "top_k", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "seed",
+    "n", "repetition_penalty", "ignore_eos", "echo", "response_format", "tools", "whatever",
+)  # fmt: skip
+
+
+def _spoiled_value(rng: np.random.Generator) -> object:
+    """A JSON value a field should not hold (or, now and then, one it may)."""
+    choices: list[Callable[[], object]] = [
+        lambda: None, lambda: True, lambda: -1, lambda: 0, lambda: 2**64, lambda: 1.5,
+        lambda: float("nan"), lambda: float("inf"), lambda: "", lambda: "\ud800x",
+        lambda: "x" * int(rng.choice([1, 100, 100_000, 1_500_000])),
+        lambda: [], lambda: [1, "a"], lambda: [True, False], lambda: [[1, 2], [3]],
+        lambda: {"role": "user"}, lambda: [{"role": "user", "content": ["x"]}],
+        lambda: [{"role": "user", "content": [{"type": "image_url"}]}],
+        lambda: [int(v) for v in rng.integers(-5, 70_000, int(rng.choice([1, 50, 200_000])))],
+        lambda: [{"role": "user", "content": "hi"}] * int(rng.choice([1, 5000])),
+        lambda: {"include_usage": "yes"}, lambda: ["stop"] * 40, lambda: 4,
+    ]  # fmt: skip
+    return choices[int(rng.integers(len(choices)))]()
+
+
+def openai_request(rng: np.random.Generator) -> tuple[str, bytes]:
+    """(path, body): a valid OpenAI request with one to three fields spoiled, or now and
+    then a body that is no request at all (not JSON, not an object, nested too deep)."""
+    path = list(OPENAI_REQUESTS)[int(rng.integers(len(OPENAI_REQUESTS)))]
+    roll = rng.random()
+    if roll < 0.04:
+        return path, rng.bytes(int(rng.integers(1, 300)))
+    if roll < 0.07:
+        return path, b"[" * 100_000 + b"]" * 100_000
+    if roll < 0.1:
+        return path, b'{"model": "tinylm", "prompt": "unterminated'
+    body = dict(OPENAI_REQUESTS[path])
+    for _ in range(1 + int(rng.integers(3))):
+        name = _OPENAI_FIELDS[int(rng.integers(len(_OPENAI_FIELDS)))]
+        body[name] = _spoiled_value(rng)
+    return path, json.dumps(body).encode()  # NaN and Infinity as Python writes them

@@ -242,6 +242,13 @@ class OpenAISettings(Settings):
     limits apply as on the gRPC port; with `[tls]` on it serves HTTPS with the same
     certificate, key and client CA (reloaded with them), else plain HTTP."""
 
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=INT32_MAX)
+    """The largest request body, in bytes: a larger one gets 413 before it is read. A body
+    is parsed as JSON on the event loop, so this bounds how long one request can hold it:
+    2 MiB (the default, as TGI's and TEI's payload limits) takes a few ms for text and up to
+    ~80 ms for a million token ids. It holds a prompt of ~500k tokens of text; a prompt the
+    model's context cannot hold is refused from its size before it is tokenised."""
+
     @field_validator("listen")
     @classmethod
     def _check(cls, value: str) -> str:

@@ -28,7 +28,8 @@ LOOPBACK_ANY_PORT = "127.0.0.1:0"
 def log_events(log_path: Path) -> list[dict[str, Any]]:
     """The JSON log lines written so far (a line still being written is left out)."""
     events = []
-    for line in log_path.read_text().splitlines(keepends=True):
+    # errors="replace": gRPC's own log lines may quote the raw bytes of a hostile frame.
+    for line in log_path.read_text(errors="replace").splitlines(keepends=True):
         if line.startswith("{") and line.endswith("\n"):
             events.append(json.loads(line))
     return events

@@ -280,6 +280,10 @@ def test_errors_in_openai_shape(api: Any) -> None:
         (400, "invalid_argument", dict(model=MODEL, prompt="hi", logprobs=21)),
         (400, "invalid_argument", dict(model=MODEL, prompt="hi", temperature=-1)),
         (400, "invalid_argument", dict(model=MODEL, prompt="hi", max_tokens=100_000)),
+        (400, "invalid_argument", dict(model=MODEL, prompt=[1, 2, "three"])),
+        (400, "invalid_argument", dict(model=MODEL, prompt=[True, 5])),
+        (400, "invalid_argument", dict(model=MODEL, prompt="x" * 1_000_000)),  # from its size
+        (404, "not_found", dict(model="nope", prompt=[5] * 100_000)),  # the model comes first
     ]
     for status, code, request in cases:
         error = _error(lambda r=request: api.completions.create(**r))

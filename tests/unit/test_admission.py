@@ -52,3 +52,16 @@ def test_after_parsing_the_prompt_and_sampling_resolve() -> None:
     assert refusal(GenerateFields(prompt_token_ids=[], text=True)) == (
         "the prompt is empty: give at least one token"
     )
+
+
+def test_text_bytes_are_utf8_and_refuse_lone_surrogates() -> None:
+    from tensord.dataplane.admission import text_bytes
+
+    assert text_bytes("") == 0
+    assert text_bytes("héllo €") == 10
+    with pytest.raises(InvalidArgumentError) as caught:
+        text_bytes("ab\ud800c", "the conversation")
+    assert caught.value.message == (
+        "the conversation is not valid Unicode text: it holds a lone surrogate (U+D800) at "
+        "character 2"
+    )

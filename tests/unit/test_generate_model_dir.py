@@ -354,3 +354,42 @@ def test_a_fifo_or_an_oversized_json_file_is_refused(
     with pytest.raises(ModelLoadError) as info:
         load_generator_dir(large)
     assert str(info.value) == f"{large / name}: is larger than {limit} bytes; expected {expected}"
+
+
+def test_a_long_text_is_tokenised_without_holding_the_gil(demo_repo: Path) -> None:
+    """Tokenizer.encode holds the GIL for the whole text (seconds for megabytes: the event
+    loop, Health included, waits); encode_text lets it go, with the same ids."""
+    import asyncio
+    import time
+
+    from tokenizers import Tokenizer
+
+    from tensord.dataplane.plane import off_loop
+    from tensord.generate.model.model_dir import encode_text
+
+    tokenizer = Tokenizer.from_file(str(demo_repo / "tinylm" / "tokenizer.json"))
+    text = "a" * 2_000_000 + " the quick brown fox" * 1000
+
+    async def tokenise_and_watch() -> tuple[list[int], float, float]:
+        worst, done = 0.0, False
+
+        async def lag() -> None:
+            nonlocal worst
+            while not done:
+                start = time.perf_counter()
+                await asyncio.sleep(0.001)
+                worst = max(worst, time.perf_counter() - start)
+
+        watcher = asyncio.create_task(lag())
+        await asyncio.sleep(0.02)
+        start = time.perf_counter()
+        ids = await off_loop(text, lambda t: encode_text(tokenizer, t))
+        took = time.perf_counter() - start
+        done = True
+        await watcher
+        return ids, took, worst
+
+    ids, took, worst = asyncio.run(tokenise_and_watch())
+    assert ids == tokenizer.encode(text, add_special_tokens=False).ids
+    # Holding the GIL, the loop would wait the whole tokenisation (~2.5 s here).
+    assert worst < max(0.3, took / 4), f"loop lag {worst:.2f} s while tokenising for {took:.2f} s"

@@ -1,6 +1,7 @@
 """The data plane: what each RPC does, in domain types (plane.py), and the types a
 transport converts its messages to and from (types.py). Nothing here knows protobuf."""
 
+from tensord.dataplane.admission import text_bytes
 from tensord.dataplane.plane import NOT_SERVING, DataPlane
 from tensord.dataplane.types import (
     MAX_LOGPROBS,
@@ -59,4 +60,5 @@ __all__ = [
     "TensorSpec",
     "TokenLogprob",
     "default_backend_factory",
+    "text_bytes",
 ]

@@ -55,6 +55,19 @@ class GenerateFields:
     sampling: SamplingParams | None = None
 
 
+def text_bytes(text: str, what: str = "the prompt") -> int:
+    """The UTF-8 size of a text bound for a tokenizer: INVALID_ARGUMENT for one that is
+    not Unicode text (a lone surrogate, which JSON's \\ud800 escapes can carry and no
+    tokenizer takes)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{what} is not valid Unicode text: it holds a lone surrogate "
+            f"(U+{ord(text[exc.start]):04X}) at character {exc.start}"
+        ) from None
+
+
 def admit(request: GenerateFields, entry: GeneratorEntry) -> ResolvedSamplingParams | None:
     """INVALID_ARGUMENT for a request the generator cannot take; else, once the request is
     parsed, its sampling parameters resolved against the model's defaults and limits."""

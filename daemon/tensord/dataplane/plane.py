@@ -21,7 +21,7 @@ from tensord import __version__
 from tensord.access import check_model, may_see, redact_paths, sees_server_paths
 from tensord.backends.base import DeviceOptions
 from tensord.config import ReadyWhen, TensordConfig
-from tensord.dataplane.admission import GenerateFields, GeneratorEntry, admit
+from tensord.dataplane.admission import GenerateFields, GeneratorEntry, admit, text_bytes
 from tensord.dataplane.chat import render_chat
 from tensord.dataplane.snapshots import model_health, model_snapshot
 from tensord.dataplane.types import (
@@ -47,7 +47,11 @@ from tensord.eventloop import running_loop_name
 from tensord.executor.split import run_splitting_on_oom
 from tensord.generate.core.sampling_params import ResolvedSamplingParams
 from tensord.generate.engine.engine import GenerationEngine
-from tensord.generate.model.model_dir import GeneratorDirectory
+from tensord.generate.model.model_dir import (
+    INLINE_TOKENIZE_CHARS,
+    GeneratorDirectory,
+    encode_text,
+)
 from tensord.observability.metrics import GenerationMetrics
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.registry.changes import RepositoryChanges
@@ -63,8 +67,13 @@ from tensord.registry.version import (
 NOT_SERVING = "the server is starting or draining; retry shortly"
 """What a call gets while the server does not serve (UNAVAILABLE: clients retry)."""
 
-# Prompts longer than this are tokenised on a worker thread, not on the event loop.
-_INLINE_TOKENIZE_CHARS = 2048
+
+async def off_loop(text: str, encode: Callable[[str], list[int]]) -> list[int]:
+    """`encode(text)`: where it is for a short text, on a worker thread for a long one
+    (encode_text lets the GIL go meanwhile)."""
+    if len(text) > INLINE_TOKENIZE_CHARS:
+        return await asyncio.to_thread(encode, text)
+    return encode(text)
 
 
 async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory, version: int) -> list[int]:
@@ -75,9 +84,7 @@ async def _prompt_ids(call: GenerateCall, directory: GeneratorDirectory, version
         return call.prompt_token_ids
     if call.tokenized is not None and call.tokenized_version == version:
         return call.tokenized
-    if len(call.prompt) > _INLINE_TOKENIZE_CHARS:
-        return await asyncio.to_thread(directory.encode_prompt, call.prompt)
-    return directory.encode_prompt(call.prompt)
+    return await off_loop(call.prompt, directory.encode_prompt)
 
 
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:
@@ -201,6 +208,13 @@ class DataPlane:
         # Counted before the first await (tokenising a long prompt goes to a thread): a
         # reload frees a swapped-out version only once the calls holding it have ended.
         with entry.inflight:
+            # By size first: a prompt certainly too long is never tokenised, nor its ids
+            # looked at one by one.
+            self._admit(
+                GenerateFields(text_bytes(call.prompt), len(call.prompt_token_ids)),
+                entry.name,
+                engine,
+            )
             ids = await _prompt_ids(call, engine.directory, entry.version)
             fields = GenerateFields(
                 token_ids=len(call.prompt_token_ids),
@@ -239,12 +253,9 @@ class DataPlane:
                 "chat_template): use the completions API with a prompt"
             )
         text = render_chat(template, messages, add_generation_prompt=True)
-        tokenizer = directory.tokenizer
-        if len(text) > _INLINE_TOKENIZE_CHARS:
-            encoded = await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=False)
-        else:
-            encoded = tokenizer.encode(text, add_special_tokens=False)
-        return list(encoded.ids)
+        size = text_bytes(text, "the conversation")
+        self._admit(GenerateFields(prompt_bytes=size), entry.name, engine)  # before tokenising
+        return await off_loop(text, functools.partial(encode_text, directory.tokenizer))
 
     def token_texts(self, model: str, version: int) -> Callable[[Sequence[int]], list[str]]:
         """How each token of the version a Generate call would use reads on its own (for

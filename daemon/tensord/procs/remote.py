@@ -38,14 +38,15 @@ from tensord.dataplane import (
     ServerInfo,
     TableEntry,
 )
-from tensord.dataplane.admission import GenerateFields, admit
-from tensord.dataplane.plane import each_token_text
+from tensord.dataplane.admission import GenerateFields, admit, text_bytes
+from tensord.dataplane.plane import each_token_text, off_loop
 from tensord.errors import (
     DeviceLostError,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
 )
+from tensord.generate.model.model_dir import encode_text
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.procs.link import Link
 from tensord.procs.messages import pack_call, unpack_chunk, unpack_result, wire_bytes
@@ -53,8 +54,6 @@ from tensord.procs.ring import Ring
 
 ENGINE_GONE = "the engine process restarted while this call was in it; retry"
 NO_ENGINE = "the engine process is starting or restarting; retry shortly"
-_INLINE_TOKENIZE_CHARS = 2048
-"""Longer prompts are tokenised on a worker thread, not on the event loop."""
 _RING_MARGIN = 64 * 1024
 """Room kept in the request ring beyond a call's tensors (its pickle and headers)."""
 
@@ -230,6 +229,9 @@ class RemoteDataPlane:
     async def generate(self, call: GenerateCall) -> AsyncGenerator[RequestOutput, None]:
         self._check_serving()
         check_model(call.model)
+        prompt_bytes = text_bytes(call.prompt)
+        # By size first: a prompt certainly too long is never tokenised.
+        self.check_prompt_size(call.model, call.version, prompt_bytes, len(call.prompt_token_ids))
         if call.prompt and not call.prompt_token_ids:
             await self._tokenize(call)
         self._admit(call)
@@ -239,7 +241,7 @@ class RemoteDataPlane:
         finished = False
         try:
             ids = len(call.prompt_token_ids) + len(call.tokenized or ())
-            size = len(call.prompt.encode()) + 16 * ids
+            size = prompt_bytes + 16 * ids
             self._send(("generate", call_id, current_principal.get(), call), size)
             while True:
                 item = await stream.get()
@@ -299,13 +301,8 @@ class RemoteDataPlane:
         if entry is None:
             return
         tokenizer = self._tokenizer(entry.tokenizer_path)
-        if len(call.prompt) > _INLINE_TOKENIZE_CHARS:
-            encoded = await asyncio.to_thread(
-                tokenizer.encode, call.prompt, add_special_tokens=False
-            )
-        else:
-            encoded = tokenizer.encode(call.prompt, add_special_tokens=False)
-        call.tokenized = [*entry.prompt_prefix, *encoded.ids]
+        ids = await off_loop(call.prompt, functools.partial(encode_text, tokenizer))
+        call.tokenized = [*entry.prompt_prefix, *ids]
         call.tokenized_version = entry.version
 
     def _tokenizer(self, path: str) -> Tokenizer:

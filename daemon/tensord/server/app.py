@@ -165,7 +165,7 @@ class TensordServer:
             self.observability.observer,
             servicer.intake,
             self.security.stream_limit,
-            self.config.server.max_receive_message_bytes,
+            self.config.openai.max_body_bytes,
         )
         tls = self.security.tls
         context = tls.ssl_context() if tls is not None else None

@@ -143,6 +143,23 @@ class GeneratorSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype.itemsize
 
 
+INLINE_TOKENIZE_CHARS = 2048
+"""Texts up to this long are tokenised where they are (microseconds); longer ones on a
+worker thread, through `encode_text`."""
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The tokenizer's ids for `text`, no special tokens added. `Tokenizer.encode` holds
+    the GIL for the whole text (seconds for a few megabytes, while every other thread, the
+    event loop's included, waits); `encode_batch` releases it while it works, so a long
+    text goes that way. Both give the same ids."""
+    if len(text) <= INLINE_TOKENIZE_CHARS:
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+    (encoding,) = tokenizer.encode_batch([text], add_special_tokens=False)
+    return list(encoding.ids)
+
+
 @dataclass(slots=True, frozen=True)
 class GeneratorDirectory:
     """A generator directory read from disk: its spec and its tokenizer."""
@@ -156,7 +173,7 @@ class GeneratorDirectory:
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids for a text prompt: the tokenizer's own ids, after BOS when the model
         wants one (never an EOS or other suffix the post-processor would add)."""
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = encode_text(self.tokenizer, text)
         if self.spec.add_bos_token and self.spec.bos_token_id is not None:
             return [self.spec.bos_token_id, *ids]
         return ids

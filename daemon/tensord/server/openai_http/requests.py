@@ -194,19 +194,27 @@ def completion_request(body: Any) -> GenerationRequest:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
         request.prompt = prompt
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        request.prompt_token_ids = list(prompt)
-    elif isinstance(prompt, list) and prompt:
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         raise RequestError(
             "prompt holds several prompts: this server takes one prompt per request", "prompt"
         )
+    elif isinstance(prompt, list) and prompt:
+        # Token ids, each checked by check_token_ids once their count is admitted.
+        request.prompt_token_ids = prompt
     else:
         raise RequestError("prompt must be a non-empty string or list of token ids", "prompt")
     return request
+
+
+def check_token_ids(ids: list[Any]) -> None:
+    """A completions prompt of token ids holds integers only (after its count was checked
+    against the model's context, so that a list of millions is refused before this walk)."""
+    for index, token in enumerate(ids):
+        if not isinstance(token, int) or isinstance(token, bool):
+            raise RequestError(
+                f"prompt[{index}] is {token!r:.40}: a prompt of token ids holds integers only",
+                "prompt",
+            )
 
 
 def chat_request(body: Any) -> GenerationRequest:

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tensord.access import current_principal
-from tensord.dataplane import DataPlane, GenerateCall, RequestOutput
+from tensord.dataplane import DataPlane, GenerateCall, RequestOutput, text_bytes
 from tensord.errors import RateLimitedError, ResourceExhaustedError
 from tensord.observability import RequestObserver
 from tensord.observability.tracing import HttpExchange
@@ -36,6 +36,7 @@ from tensord.server.openai_http.requests import (
     GenerationRequest,
     RequestError,
     chat_request,
+    check_token_ids,
     completion_request,
 )
 from tensord.server.openai_http.responses import (
@@ -53,7 +54,7 @@ Handler = Callable[[Request, "Call"], Awaitable[Response]]
 
 
 class BodyTooLarge(ResourceExhaustedError):
-    """A request body over [server] max_receive_message_bytes (HTTP 413)."""
+    """A request body over [openai] max_body_bytes (HTTP 413)."""
 
 
 class Gone(Response):
@@ -155,13 +156,14 @@ class OpenAIRoutes:
         return JSONResponse(error_body(code, message, param, status), status, headers)
 
     async def _body(self, request: Request) -> tuple[Any, int]:
-        """The JSON body and its size, read up to [server] max_receive_message_bytes."""
+        """The JSON body and its size, read up to [openai] max_body_bytes (the body is
+        parsed on the event loop: the limit bounds how long that takes)."""
         limit = self.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise BodyTooLarge(
                 f"the request body takes {declared} bytes, more than the {limit} a request "
-                "may have ([server] max_receive_message_bytes)"
+                "may have ([openai] max_body_bytes)"
             )
         parts, size = [], 0
         async for part in request.stream():
@@ -169,7 +171,7 @@ class OpenAIRoutes:
             if size > limit:
                 raise BodyTooLarge(
                     f"the request body takes more than the {limit} bytes a request may have "
-                    "([server] max_receive_message_bytes)"
+                    "([openai] max_body_bytes)"
                 )
             parts.append(part)
         try:
@@ -209,6 +211,11 @@ class OpenAIRoutes:
         response starts), then answer whole or as a stream. It holds its bytes of the
         in-flight budget and a stream slot, as a gRPC Generate does, until it ends."""
         call.model = req.model
+        # By size first: a prompt certainly too long for the model is refused before its
+        # ids are looked at one by one or its text is tokenised.
+        prompt_bytes = text_bytes(req.prompt)
+        self.dataplane.check_prompt_size(req.model, 0, prompt_bytes, len(req.prompt_token_ids))
+        check_token_ids(req.prompt_token_ids)
         held = contextlib.AsyncExitStack()
         try:
             held.enter_context(self.intake.budget(size))
