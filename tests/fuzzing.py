@@ -216,8 +216,12 @@ def openai_request(rng: np.random.Generator) -> tuple[str, bytes]:
         return path, b"[" * 100_000 + b"]" * 100_000
     if roll < 0.1:
         return path, b'{"model": "tinylm", "prompt": "unterminated'
+    if roll < 0.12:  # an integer past Python's 4300-digit conversion limit
+        return path, b'{"model": "tinylm", "prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}"
     body = dict(OPENAI_REQUESTS[path])
     for _ in range(1 + int(rng.integers(3))):
         name = _OPENAI_FIELDS[int(rng.integers(len(_OPENAI_FIELDS)))]
+        if rng.random() < 0.05:
+            name = "\ud800" + name  # a field name JSON can carry and UTF-8 cannot
         body[name] = _spoiled_value(rng)
     return path, json.dumps(body).encode()  # NaN and Infinity as Python writes them

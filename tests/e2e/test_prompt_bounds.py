@@ -103,6 +103,12 @@ def _chat(content: str) -> bytes:
     return json.dumps(body).encode()
 
 
+def _chat_of(count: int) -> bytes:
+    """A conversation of `count` short messages (a body just under the limit)."""
+    messages = [{"role": "user", "content": "ab"}] * count
+    return json.dumps({"model": MODEL, "messages": messages, "max_tokens": 4}).encode()
+
+
 def _grpc_generate(target: str, prompt: str) -> tuple[int, str]:
     with Client(target, timeout=30, retries=0) as client:
         try:
@@ -135,6 +141,11 @@ CASES: dict[str, tuple[Callable[[OpenAIDaemon], tuple[int, str]], int, str]] = {
         400,
         "bytes, so it has at least",
     ),
+    "chat-of-many-messages": (
+        lambda s: _http(s.http_port, "/v1/chat/completions", _chat_of(55_000)),
+        400,
+        "bytes, so it has at least",
+    ),
     "body-over-the-limit": (
         lambda s: _declared_only(s.http_port, 20 << 20),
         413,
@@ -146,6 +157,22 @@ CASES: dict[str, tuple[Callable[[OpenAIDaemon], tuple[int, str]], int, str]] = {
         ),
         400,
         "the prompt is not valid Unicode text: it holds a lone surrogate (U+D800) at character 2",
+    ),
+    "lone-surrogate-field-name": (
+        lambda s: _http(
+            s.http_port, "/v1/completions", b'{"model": "tinylm", "prompt": "hi", "\\ud800": 1}'
+        ),
+        400,
+        r"unknown field '\ud800'",
+    ),
+    "integer-of-5000-digits": (
+        lambda s: _http(
+            s.http_port,
+            "/v1/completions",
+            b'{"model": "tinylm", "prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}",
+        ),
+        400,
+        "the request body is not valid JSON: Exceeds the limit (4300 digits)",
     ),
 }
 

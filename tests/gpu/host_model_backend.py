@@ -64,7 +64,8 @@ class HostModelBackend:
 
     def __init__(self, path: Path, config: ModelConfig, where: DeviceOptions) -> None:
         self.stream = int(where.cuda_stream or 0)
-        self.inner = OnnxRuntimeBackend(path, config.model_copy(update={"providers": ["cpu"]}))
+        cpu = config.model_copy(update={"providers": ["CPUExecutionProvider"]})
+        self.inner = OnnxRuntimeBackend(path, cpu)
         self.inputs, self.outputs = self.inner.inputs, self.inner.outputs
         self.placement = BackendPlacement(
             "onnxruntime",

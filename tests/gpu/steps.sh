@@ -29,7 +29,8 @@ step() {
     [ "$limit" -gt "$left" ] && limit=$left
     echo "--- $name (cap ${limit} s; $(($(date +%s) - STARTED)) s into the call)"
     start=$(date +%s%N)
-    timeout --kill-after=3 "$limit" "$@"
+    # --kill-after past the benchmarks' own 10 s grace for the daemons they started.
+    timeout --kill-after=15 "$limit" "$@"
     rc=$?
     case $rc in 124 | 137) note="${note:+$note; }stopped at its ${limit} s cap" ;; esac
     ms=$((($(date +%s%N) - start) / 1000000))
@@ -98,7 +99,8 @@ finish() {
         verdict=1
     fi
     exec >&- 2>&-  # let tee write the last lines before the call ends
-    wait "$TEE" 2>/dev/null
+    # A process a capped step left behind may still hold the log's pipe: wait 5 s at most.
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$TEE" 2>/dev/null || break; sleep 0.5; done
     exit "${rc:-$verdict}"
 }
 

@@ -393,3 +393,28 @@ def test_a_long_text_is_tokenised_without_holding_the_gil(demo_repo: Path) -> No
     assert ids == tokenizer.encode(text, add_special_tokens=False).ids
     # Holding the GIL, the loop would wait the whole tokenisation (~2.5 s here).
     assert worst < max(0.3, took / 4), f"loop lag {worst:.2f} s while tokenising for {took:.2f} s"
+
+
+def test_a_tokenizer_files_truncation_and_padding_never_apply(
+    demo_repo: Path, tmp_path: Path
+) -> None:
+    """tokenizer.json may set truncation and padding; transformers' calls turn both off by
+    default, and so does tensord: a prompt is never cut short or padded."""
+    from tensord.generate.model.model_dir import encode_text, load_tokenizer
+
+    spec = json.loads((demo_repo / "tinylm" / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 4, "strategy": "LongestFirst",
+                          "stride": 0}  # fmt: skip
+    spec["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of":
+                       None, "pad_id": 0, "pad_type_id": 0, "pad_token": "<pad>"}  # fmt: skip
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    text = "the quick brown fox jumps over the lazy dog " * 3
+    plain = load_tokenizer(demo_repo / "tinylm" / "tokenizer.json")
+    expected = plain.encode(text, add_special_tokens=False).ids
+    assert len(expected) > 8
+    tokenizer = load_tokenizer(path)
+    assert encode_text(tokenizer, text) == expected
+    assert (
+        encode_text(tokenizer, text * 100) == plain.encode(text * 100, add_special_tokens=False).ids
+    )

@@ -126,7 +126,9 @@ def test_call_two_fits_its_450_seconds() -> None:
     caps = {name: int(value) for name, value in re.findall(r"\bCAP_(\w+)=(\d+)", script)}
     shared = (ROOT / "tests/gpu/steps.sh").read_text()
     defaults = [int(v) for v in re.findall(r"\$\{CAP_(?:VISIBLE|WHEELS):-(\d+)\}", shared)]
-    (deadline,) = re.findall(r"^DEADLINE=\$\(\(STARTED \+ (\d+)\)\)$", script, re.M)
+    (deadline,) = re.findall(
+        r"^DEADLINE=\$\(\(STARTED \+ \$\{TENSORD_GPU_CALL_SECONDS:-(\d+)\}\)\)$", script, re.M
+    )
     assert len(caps) == 5 and len(defaults) == 2
     assert sum(caps.values()) + sum(defaults) <= int(deadline) <= 450, caps
 

@@ -143,9 +143,35 @@ def test_the_lanes_stream_is_verified_after_creation() -> None:
     own = _Reported({"CUDAExecutionProvider": {"user_compute_stream": "0"}})
     with pytest.raises(RuntimeError, match="runs on stream 0, not the lane's stream 1234"):
         check_provider_options(own, asked)  # type: ignore[arg-type]
+    silent = _Reported({"CUDAExecutionProvider": {"device_id": "0"}})
+    with pytest.raises(RuntimeError, match="runs on stream of its own, not the lane's"):
+        check_provider_options(silent, asked)  # type: ignore[arg-type]
 
 
 def test_cuda_libraries_are_prepared_once_and_say_how() -> None:
     first = prepare_cuda_libraries()
     assert prepare_cuda_libraries() is first
     assert "CUDA" in first
+
+
+def test_a_lost_device_at_session_creation_is_not_hidden_on_the_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sticky CUDA error (999 too) while a session starts means the device is gone: the
+    load fails as a lost device instead of quietly running on the CPU."""
+    from tensord.errors import DeviceLostError
+
+    model = build_identity(tmp_path / "m.onnx", TensorProto.FLOAT)
+    attempts: list[list[str]] = []
+
+    class Lost(StrictSession):
+        def __init__(self, source: Any, sess_options: Any, providers: Any) -> None:
+            attempts.append([p[0] for p in providers])
+            raise RuntimeError("CUDA failure 999: unknown error ; GPU=0 ; expr=cudaSetDevice")
+
+    monkeypatch.setattr(ort_backend, "StrictSession", Lost)
+    monkeypatch.setattr(ort_backend, "prepare_cuda_libraries", lambda: "")
+    requested = [(CUDA, {"device_id": "0"}), (CPU, {})]
+    with pytest.raises(DeviceLostError, match="cudaErrorUnknown"):
+        ort_backend._open_session(model, None, ort.SessionOptions(), requested)
+    assert attempts == [[CUDA, CPU]]

@@ -41,7 +41,10 @@ _NOT_LOCAL = frozenset({"AzureExecutionProvider"})
 
 
 def available_providers() -> list[str]:
-    """The execution providers this ONNX Runtime build offers for local execution."""
+    """The execution providers this ONNX Runtime build offers for local execution (a CUDA
+    build's libraries loaded first, so that what it lists can start)."""
+    if getattr(ort, "cuda_version", ""):
+        prepare_cuda_libraries()
     return [p for p in ort.get_available_providers() if p not in _NOT_LOCAL]
 
 
@@ -179,8 +182,14 @@ def _open_session(
             session = StrictSession(source, sess_options=options, providers=remaining)
             check_provider_options(session, remaining)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
+            sticky = sticky_error_in(str(exc))
+            if sticky is not None:  # the device is gone: the CPU would hide it
+                raise DeviceLostError(
+                    f"{names[0]} failed with {sticky} (context lost) opening {path}: {exc}"
+                ) from None
             if names == [CPU] or len(remaining) == 1:
-                raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
+                tried = f" (after: {'; '.join(failures)})" if failures else ""
+                raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}{tried}") from None
             failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.warning(
                 "onnxruntime.provider_failed", model_path=str(path), providers=names, error=failed

@@ -102,15 +102,15 @@ def check_provider_options(
     session: ort.InferenceSession, requested: Sequence[tuple[str, dict[str, str]]]
 ) -> None:
     """RuntimeError when a CUDA or TensorRT provider asked to run on a given stream does
-    not report that stream after creation (it would run on its own)."""
+    not report that stream after creation, or none (it would run on its own)."""
     actual = session.get_provider_options()
     for name, options in requested:
         stream = options.get("user_compute_stream")
         if stream is None or name not in actual:
             continue
         took = actual[name].get("user_compute_stream")
-        if took is not None and str(took) != str(stream):
+        if took is None or str(took) != str(stream):
             raise RuntimeError(
-                f"{name} runs on stream {took}, not the lane's stream {stream}: its copies "
-                "and runs would not be ordered"
+                f"{name} runs on stream {took or 'of its own'}, not the lane's stream "
+                f"{stream}: its copies and runs would not be ordered"
             )

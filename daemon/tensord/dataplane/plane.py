@@ -252,7 +252,13 @@ class DataPlane:
                 f"model {entry.name!r} has no chat template (tokenizer_config.json sets no "
                 "chat_template): use the completions API with a prompt"
             )
-        text = render_chat(template, messages, add_generation_prompt=True)
+        render = functools.partial(render_chat, template, messages, add_generation_prompt=True)
+        # Jinja is Python: on a worker thread a large conversation's rendering gives the
+        # event loop its turns (the GIL switches between them) instead of holding it.
+        large = len(messages) > 64 or sum(len(m.get("content") or "") for m in messages) > (
+            INLINE_TOKENIZE_CHARS
+        )
+        text = await asyncio.to_thread(render) if large else render()
         size = text_bytes(text, "the conversation")
         self._admit(GenerateFields(prompt_bytes=size), entry.name, engine)  # before tokenising
         return await off_loop(text, functools.partial(encode_text, directory.tokenizer))

@@ -151,9 +151,10 @@ class ModelConfig(Settings):
     tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
     """TensorRT provider options."""
     cuda_tf32: bool = False
-    """Let the CUDA provider run float32 MatMul and Conv on TF32 tensor cores (Ampere and
-    later): faster, with about 1e-3 relative error. Off, float32 models compute in float32
-    and agree with the CPU provider to float32 rounding."""
+    """Let ONNX Runtime's CUDA provider run float32 MatMul and Conv on TF32 tensor cores
+    (Ampere and later): faster, with about 1e-3 relative error. Off, float32 models on the
+    CUDA provider compute in float32 and agree with the CPU provider to float32 rounding
+    (the TensorRT provider chooses its own precisions)."""
     dynamic_batching: DynamicBatchingConfig | None = None
     """Join compatible requests along the batch dimension (needs max_batch_size > 0)."""
     warmup: bool = True

@@ -46,7 +46,7 @@ from tensord.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from tensord.generate.model.model_dir import encode_text
+from tensord.generate.model.model_dir import encode_text, load_tokenizer
 from tensord.predict.validation import check_inputs, check_output_names
 from tensord.procs.link import Link
 from tensord.procs.messages import pack_call, unpack_chunk, unpack_result, wire_bytes
@@ -279,9 +279,14 @@ class RemoteDataPlane:
         return await self._ask(("call", next(self._ids), current_principal.get(), method, args))
 
     async def chat_prompt(self, model: str, version: int, messages: list[dict[str, Any]]) -> Any:
+        """Rendered and tokenised by the engine; the messages' size is given to the ring,
+        so that a conversation larger than it holds is refused, never dropped."""
         self._check_serving()
         check_model(model)
-        return await self._query("chat_prompt", model, version, messages)
+        size = sum(len(str(m.get("content") or "")) * 4 + 256 for m in messages)
+        message = ("call", next(self._ids), current_principal.get(), "chat_prompt",
+                   (model, version, messages))  # fmt: skip
+        return await self._ask(message, size)
 
     async def info(self) -> ServerInfo:
         info: ServerInfo = await self._query("info")
@@ -308,7 +313,7 @@ class RemoteDataPlane:
     def _tokenizer(self, path: str) -> Tokenizer:
         tokenizer = self._tokenizers.get(path)
         if tokenizer is None:
-            tokenizer = self._tokenizers[path] = Tokenizer.from_file(path)
+            tokenizer = self._tokenizers[path] = load_tokenizer(Path(path))
         return tokenizer
 
     def _ready(self, model: str, version: int, kind: str) -> TableEntry | None:

@@ -33,7 +33,8 @@ ConfigLoader = Callable[[], TensordConfig]
 # Dotted keys that are read once at start: the transport (address, message sizes, HTTP/2
 # and keepalive options are fixed when the gRPC server is built), logging (structlog caches
 # its loggers), the device and event loop, the caches, the Generate stream limit (its
-# interceptor is built at start), the metrics endpoint and the tracer. A reload logs a
+# interceptor is built at start), the metrics endpoint, the OpenAI port (its routes are
+# built at start) and the tracer. A reload logs a
 # change to them and keeps the running value.
 RESTART_ONLY_KEYS = (
     "server.listen",
@@ -54,6 +55,7 @@ RESTART_ONLY_KEYS = (
     "limits.max_generate_streams",
     "metrics.listen",
     "openai.listen",
+    "openai.max_body_bytes",
     "tracing.enabled",
     "tracing.service_name",
     "tracing.otlp_endpoint",

@@ -179,20 +179,25 @@ class GeneratorDirectory:
         return ids
 
 
-def _load_tokenizer(path: Path) -> Tokenizer:
+def load_tokenizer(path: Path) -> Tokenizer:
     """tokenizer.json, read as a regular file of bounded size and handed to `tokenizers`
-    as text (the library would open a FIFO and wait, and read any size)."""
+    as text (the library would open a FIFO and wait, and read any size), with the
+    truncation and padding a file may set turned off, as transformers' calls do by
+    default: a prompt is never cut short or padded on its way in."""
     expected = (
         f"a tokenizer.json of at most {MAX_TOKENIZER_BYTES >> 20} MiB (the largest "
         "vocabularies take a few tens of MB)"
     )
     raw = read_regular_file(path, MAX_TOKENIZER_BYTES, ModelLoadError, expected)
     try:
-        return Tokenizer.from_str(raw.decode("utf-8"))
+        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ModelLoadError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except Exception as exc:
         raise ModelLoadError(f"{path}: the tokenizers library cannot read it: {exc}") from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def _config_kv_heads(config: JsonFile, heads: int) -> int:
@@ -321,7 +326,7 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
     tokenizer_config_path = _optional(directory, TOKENIZER_CONFIG_FILE)
     generation = JsonFile.read(generation_path)
     tokenizer_config = JsonFile.read(tokenizer_config_path)
-    tokenizer = _load_tokenizer(directory / TOKENIZER_FILE)
+    tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
     notes: list[str] = []
     shape = _shape(config, graph, model_path, notes)
     ids = token_ids(config, generation, tokenizer_config, tokenizer, shape["vocab_size"])

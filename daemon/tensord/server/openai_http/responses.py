@@ -198,4 +198,5 @@ class Shapes:
 def event(body: dict[str, Any] | str) -> bytes:
     """One server-sent event: `data: <json>` and a blank line."""
     data = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
-    return f"data: {data}\n\n".encode()
+    # "surrogatepass": an error event may quote a request's lone surrogate back.
+    return f"data: {data}\n\n".encode("utf-8", "surrogatepass")

@@ -53,8 +53,20 @@ log = structlog.get_logger("tensord.request")
 Handler = Callable[[Request, "Call"], Awaitable[Response]]
 
 
+_INLINE_BODY_BYTES = 64 * 1024
+"""Chat bodies up to this size are checked on the event loop, larger ones on a thread."""
+
+
 class BodyTooLarge(ResourceExhaustedError):
     """A request body over [openai] max_body_bytes (HTTP 413)."""
+
+
+class ErrorResponse(JSONResponse):
+    """An error body, written in ASCII: its message and `param` may quote what the request
+    held, lone surrogates of JSON escapes included, which UTF-8 cannot carry."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
 
 
 class Gone(Response):
@@ -153,7 +165,7 @@ class OpenAIRoutes:
         headers = {}
         if isinstance(exc, RateLimitedError):
             headers["retry-after"] = str(max(1, round(exc.retry_after_s + 0.5)))
-        return JSONResponse(error_body(code, message, param, status), status, headers)
+        return ErrorResponse(error_body(code, message, param, status), status, headers)
 
     async def _body(self, request: Request) -> tuple[Any, int]:
         """The JSON body and its size, read up to [openai] max_body_bytes (the body is
@@ -176,7 +188,9 @@ class OpenAIRoutes:
             parts.append(part)
         try:
             return json.loads(b"".join(parts)), size
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and an integer of more digits than Python
+        # converts (sys.get_int_max_str_digits).
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise RequestError(f"the request body is not valid JSON: {exc}") from None
 
     async def _models(self, request: Request, call: Call) -> Response:
@@ -195,7 +209,9 @@ class OpenAIRoutes:
     async def _chat(self, request: Request, call: Call) -> Response:
         arrival = time.monotonic()
         body, size = await self._body(request)
-        req = chat_request(body)
+        # Each message is checked in Python: a body of many gives the loop its turns.
+        large = size > _INLINE_BODY_BYTES
+        req = await asyncio.to_thread(chat_request, body) if large else chat_request(body)
         return await self._generate(req, request, call, size, arrival, chat=True)
 
     async def _generate(
