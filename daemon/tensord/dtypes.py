@@ -38,6 +38,14 @@ def from_ort_type(type_name: str) -> DType | None:
     return _ORT_NAMES.get(type_name)
 
 
+_ORT_TYPES = {dtype: name for name, dtype in _ORT_NAMES.items()}
+
+
+def ort_type(dtype: DType) -> str:
+    """ONNX Runtime's type string for a DType ("tensor(float)"), as OrtValues report it."""
+    return _ORT_TYPES[dtype]
+
+
 def parse(name: str) -> DType:
     """A DType from a config spelling: 'float32', 'FLOAT32' or 'DATA_TYPE_FLOAT32'."""
     key = name.upper().removeprefix("DATA_TYPE_")

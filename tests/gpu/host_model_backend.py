@@ -15,7 +15,6 @@ Used by tests/gpu/test_device_processing.py.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,40 +22,15 @@ import numpy as np
 from cuda.bindings import runtime as cudart
 
 from tensord import dtypes
-from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor
+from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, PooledOutput
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
-from tensord.cuda.memory import CudaBuffer, DevicePool
+from tensord.cuda.memory import DevicePool
 from tensord.cuda.runtime import check
 from tensord.modelconfig.model import ModelConfig
 
 H2D = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
 D2H = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
 _FROM_ONNX = {code: dtype for dtype, code in dtypes.ONNX_TYPES.items()}
-_ORT_NAMES = {dtypes.DType.FLOAT32: "tensor(float)", dtypes.DType.INT32: "tensor(int32)",
-              dtypes.DType.INT64: "tensor(int64)", dtypes.DType.FLOAT16: "tensor(float16)",
-              dtypes.DType.UINT8: "tensor(uint8)"}  # fmt: skip
-
-
-@dataclass(slots=True)
-class DeviceOutput:
-    """One model output in a buffer of the backend's pool; `release` gives it back."""
-
-    buffer: CudaBuffer
-    dims: tuple[int, ...]
-    dtype: dtypes.DType
-    pool: DevicePool
-
-    def data_ptr(self) -> int:
-        return self.buffer.ptr
-
-    def shape(self) -> tuple[int, ...]:
-        return self.dims
-
-    def data_type(self) -> str:
-        return _ORT_NAMES[self.dtype]
-
-    def release(self) -> None:
-        self.pool.release(self.buffer)
 
 
 class HostModelBackend:
@@ -79,7 +53,7 @@ class HostModelBackend:
 
     def run_device(
         self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]
-    ) -> list[DeviceOutput]:
+    ) -> list[PooledOutput]:
         check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
         feeds = {}
         for name, tensor in inputs.items():
@@ -99,7 +73,7 @@ class HostModelBackend:
             array = np.ascontiguousarray(array)
             buffer = self.pool.acquire(max(array.nbytes, 1))
             outputs.append(
-                DeviceOutput(buffer, array.shape, dtypes.from_numpy(array.dtype), self.pool)
+                PooledOutput(buffer, array.shape, dtypes.from_numpy(array.dtype), self.pool)
             )
             if array.nbytes:
                 # From pageable memory: staged before the call returns, then ordered on the

@@ -23,8 +23,8 @@ import numpy as np
 from cuda.bindings import driver
 from cuda.bindings import runtime as cudart
 
-from tensord.backends.base import BackendPlacement, DeviceTensor, TensorSpec
-from tensord.cuda.memory import CudaBuffer, DevicePool
+from tensord.backends.base import BackendPlacement, DeviceTensor, PooledOutput, TensorSpec
+from tensord.cuda.memory import DevicePool
 from tensord.cuda.runtime import check
 from tensord.dtypes import DType
 from tensord.kernels.compiler import arch_for, compile_source
@@ -81,27 +81,6 @@ def launch(function: Any, x: int, y: int, count: int, spin: int, stream: int) ->
 
 
 @dataclass(slots=True)
-class DeviceOutput:
-    """A device buffer of the backend's pool holding one output; `release` returns it."""
-
-    buffer: CudaBuffer
-    dims: tuple[int, ...]
-    pool: DevicePool
-
-    def data_ptr(self) -> int:
-        return self.buffer.ptr
-
-    def shape(self) -> tuple[int, ...]:
-        return self.dims
-
-    def data_type(self) -> str:
-        return "tensor(float)"
-
-    def release(self) -> None:
-        self.pool.release(self.buffer)
-
-
-@dataclass(slots=True)
 class KernelSpan:
     """Two timing events on a lane's stream: inputs on the device (the lane's H2D copies
     are done) and the kernel finished."""
@@ -136,7 +115,7 @@ class KernelBackend:
 
     def run_device(
         self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]
-    ) -> list[DeviceOutput]:
+    ) -> list[PooledOutput]:
         """The kernel on the lane's stream; the output stays on the device."""
         x = inputs["x"]
         if x.onnx_type != FLOAT:
@@ -157,7 +136,7 @@ class KernelBackend:
             check(cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
             self.pool.release(buffer)
             raise
-        return [DeviceOutput(buffer, x.shape, self.pool)]
+        return [PooledOutput(buffer, x.shape, DType.FLOAT32, self.pool)]
 
     def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[Any]:
         """Host arrays in and out, for callers without the executor (the warm-up)."""

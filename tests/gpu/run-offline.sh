@@ -27,10 +27,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 2
 # shellcheck source=tests/gpu/steps.sh
 source tests/gpu/steps.sh
-RESULTS=${1:-${OUT:-build/gpu-run}}
-PY=${PYTHON:-python3}
-SITE=${TENSORD_GPU_SITE:-/tmp/tensord-gpu-site}
-open_results run-offline
+open_results run-offline "${1:-}"
 rm -f "$RESULTS"/{device.json,gpu-tests.xml,kernels.json,gpu.json}
 
 # The caps: the steps' seconds add up to CALL1_SECONDS, which the docs' timeout_s allows.

@@ -29,11 +29,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 2
 # shellcheck source=tests/gpu/steps.sh
 source tests/gpu/steps.sh
-RESULTS=${1:-${OUT:-build/gpu-run}}
-PY=${PYTHON:-python3}
-SITE=${TENSORD_GPU_SITE:-/tmp/tensord-gpu-site}
 ORT_DIR=${TENSORD_ORT_GPU_DIR:-/var/tmp/tensord-ort-gpu}
-open_results run-ort-gpu
+open_results run-ort-gpu "${1:-}"
 rm -f "$RESULTS"/{device.json,gpu-tests.xml,kernels.json,frontends*}
 
 # The caps add up to 430 s (gpu-visible 10 and wheels 30 included), under the call's 450.

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # What the GPU calls share (tests/gpu/run-offline.sh, tests/gpu/run-ort-gpu.sh): timed steps
 # under one deadline, a record of each in steps.tsv, the hooks that rerun one step or one
-# test, and the summary. Sourced after RESULTS, PY and the call's DEADLINE are set.
+# test, and the summary. Sourced first; open_results sets RESULTS, PY and SITE, the call
+# its DEADLINE.
 #
 # TENSORD_GPU_STEPS   comma-separated step names: run only these (and the set-up they
 #                     need); the summary says the run was partial.
@@ -104,10 +105,14 @@ finish() {
     exit "${rc:-$verdict}"
 }
 
-# open_results CALL_NAME: the results folder, emptied of this call's files, and a log of
-# everything printed.
+# open_results CALL_NAME [RESULTS_DIR]: the interpreter (PY), the wheels' site (SITE), the
+# results folder (RESULTS: RESULTS_DIR, else $OUT, else build/gpu-run) emptied of this
+# call's files, and a log of everything printed.
 open_results() {
     CALL=$1
+    RESULTS=${2:-${OUT:-build/gpu-run}}
+    PY=${PYTHON:-python3}
+    SITE=${TENSORD_GPU_SITE:-/tmp/tensord-gpu-site}
     mkdir -p "$RESULTS" || exit 2
     RESULTS=$(cd "$RESULTS" && pwd)
     rm -f "$RESULTS"/{steps.tsv,run.log,summary.json}

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from tensord.dtypes import DType
+from tensord.dtypes import DType, ort_type
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,9 +76,33 @@ class Backend(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class PooledOutput:
+    """A backend's output in a device buffer of its pool, read as an OrtValue is
+    (data_ptr, shape, data_type); the executor calls `release` after its copy."""
+
+    buffer: Any
+    """A pool's buffer (its `ptr` is the device address)."""
+    dims: tuple[int, ...]
+    dtype: DType
+    pool: Any
+
+    def data_ptr(self) -> int:
+        return int(self.buffer.ptr)
+
+    def shape(self) -> tuple[int, ...]:
+        return self.dims
+
+    def data_type(self) -> str:
+        return ort_type(self.dtype)
+
+    def release(self) -> None:
+        self.pool.release(self.buffer)
+
+
 def release_output(value: object) -> None:
-    """Return a backend output to its pool when it came from one (the native TensorRT
-    backend's DeviceOutput); an OrtValue or a host array frees itself when dropped."""
+    """Return a backend output to its pool when it came from one (a PooledOutput, as the
+    native TensorRT backend's); an OrtValue or a host array frees itself when dropped."""
     release = getattr(value, "release", None)
     if callable(release):
         release()

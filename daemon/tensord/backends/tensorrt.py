@@ -17,13 +17,18 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
+from tensord.backends.base import (
+    BackendPlacement,
+    DeviceOptions,
+    DeviceTensor,
+    PooledOutput,
+    TensorSpec,
+)
 from tensord.dtypes import DType
 from tensord.errors import InternalError, ModelLoadError
 from tensord.files import write_atomically
@@ -80,33 +85,6 @@ _DTYPES = {
     "FLOAT": DType.FLOAT32, "HALF": DType.FLOAT16, "BF16": DType.BFLOAT16, "INT8": DType.INT8,
     "INT32": DType.INT32, "INT64": DType.INT64, "BOOL": DType.BOOL, "UINT8": DType.UINT8,
 }  # fmt: skip
-_ORT_NAMES = {
-    DType.FLOAT32: "tensor(float)", DType.FLOAT16: "tensor(float16)",
-    DType.BFLOAT16: "tensor(bfloat16)", DType.INT8: "tensor(int8)", DType.INT32: "tensor(int32)",
-    DType.INT64: "tensor(int64)", DType.BOOL: "tensor(bool)", DType.UINT8: "tensor(uint8)",
-}  # fmt: skip
-
-
-@dataclass(slots=True)
-class DeviceOutput:
-    """An output in a pooled device buffer; the executor releases it after its copy."""
-
-    buffer: Any
-    dims: tuple[int, ...]
-    dtype: DType
-    pool: Any
-
-    def data_ptr(self) -> int:
-        return int(self.buffer.ptr)
-
-    def shape(self) -> tuple[int, ...]:
-        return self.dims
-
-    def data_type(self) -> str:
-        return _ORT_NAMES[self.dtype]
-
-    def release(self) -> None:
-        self.pool.release(self.buffer)
 
 
 class SharedEngines:
@@ -310,7 +288,7 @@ class TensorRTBackend:
 
     def run_device(
         self, inputs: Mapping[str, DeviceTensor], output_names: Sequence[str]
-    ) -> list[DeviceOutput]:
+    ) -> list[PooledOutput]:
         """Bind device buffers, enqueue with execute_async_v3 on the lane's stream."""
         context = self._context
         with self._lock:  # one context: one enqueue at a time (each lane has its own backend)
@@ -321,7 +299,7 @@ class TensorRTBackend:
                         "engine's optimisation profile (tensorrt.min_batch/max_batch)"
                     )
                 context.set_tensor_address(name, tensor.ptr)
-            outputs: list[DeviceOutput] = []
+            outputs: list[PooledOutput] = []
             specs = {s.name: s for s in self.outputs}
             try:
                 for name in output_names:
@@ -329,7 +307,7 @@ class TensorRTBackend:
                     dtype = specs[name].dtype
                     nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.numpy.itemsize
                     buffer = self._outputs_pool.acquire(max(nbytes, 1))
-                    outputs.append(DeviceOutput(buffer, dims, dtype, self._outputs_pool))
+                    outputs.append(PooledOutput(buffer, dims, dtype, self._outputs_pool))
                     context.set_tensor_address(name, buffer.ptr)
                 if not context.execute_async_v3(self._stream):
                     raise InternalError("TensorRT execute_async_v3 failed (see its log)")
