@@ -15,14 +15,12 @@ import structlog
 from tensord import dtypes
 from tensord.backends.base import BackendPlacement, DeviceOptions, DeviceTensor, TensorSpec
 from tensord.backends.ort_session import (
-    CUDA,
-    TENSORRT,
     StrictSession,
     check_provider_options,
     prepare_cuda_libraries,
     usable_providers,
 )
-from tensord.backends.providers import CPU, explain_actual, plan_providers
+from tensord.backends.providers import explain_actual, plan_providers
 from tensord.cuda.device_fault import sticky_error_in
 from tensord.dtypes import DType
 from tensord.errors import (
@@ -172,8 +170,6 @@ def _open_session(
             "session.model_external_initializers_file_folder_path", str(path.parent)
         )
     source = model if model is not None else str(path)
-    if any(name in (CUDA, TENSORRT) for name, _ in requested):
-        prepare_cuda_libraries()
     failures: list[str] = []
     remaining = list(requested)
     while True:
@@ -187,7 +183,7 @@ def _open_session(
                 raise DeviceLostError(
                     f"{names[0]} failed with {sticky} (context lost) opening {path}: {exc}"
                 ) from None
-            if names == [CPU] or len(remaining) == 1:
+            if len(remaining) == 1:
                 tried = f" (after: {'; '.join(failures)})" if failures else ""
                 raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}{tried}") from None
             failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -275,8 +275,11 @@ class RemoteDataPlane:
         )
         admit(fields, entry.generator)
 
-    async def _query(self, method: str, *args: Any) -> Any:
-        return await self._ask(("call", next(self._ids), current_principal.get(), method, args))
+    async def _query(self, method: str, *args: Any, size: int = 0) -> Any:
+        """The engine's data plane's `method(*args)`; `size`: what its arguments take in
+        the ring beyond the margin every message has."""
+        message = ("call", next(self._ids), current_principal.get(), method, args)
+        return await self._ask(message, size)
 
     async def chat_prompt(self, model: str, version: int, messages: list[dict[str, Any]]) -> Any:
         """Rendered and tokenised by the engine; the messages' size is given to the ring,
@@ -284,9 +287,7 @@ class RemoteDataPlane:
         self._check_serving()
         check_model(model)
         size = sum(len(str(m.get("content") or "")) * 4 + 256 for m in messages)
-        message = ("call", next(self._ids), current_principal.get(), "chat_prompt",
-                   (model, version, messages))  # fmt: skip
-        return await self._ask(message, size)
+        return await self._query("chat_prompt", model, version, messages, size=size)
 
     async def info(self) -> ServerInfo:
         info: ServerInfo = await self._query("info")
