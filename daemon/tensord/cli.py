@@ -232,6 +232,16 @@ def _print_generator(generator: dict[str, Any]) -> None:
         f"{g['attention_heads']} heads, {g['kv_heads']} KV heads of {g['head_dim']}, "
         f"context {context}, {g['kv_bytes_per_token']} KV bytes a token)"
     )
+    if g.get("kv_path") == "slots":
+        print(f"  {g['layout']}, built for {', '.join(g['built_for'])}")
+        if g["sliding_window"]:
+            w = g["sliding_window"]
+            print(f"  sliding window of {w['window_size']} on layers {w['layers']}")
+        print(f"  KV path: slots: {g['kv_path_reason']}")
+        print(
+            f"  one slot: {g['slot_bytes_at_default_max_model_len']} bytes at max_model_len "
+            f"{g['default_max_model_len']}"
+        )
     print(f"  batch layout: {g['batch_layout']}: {g['batch_layout_reason']}")
     for note in g["notes"]:
         print(f"  note: {note}")

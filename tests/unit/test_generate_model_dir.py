@@ -243,8 +243,9 @@ BROKEN: list[tuple[str, Callable[[Path], None], str]] = [
     (
         "no tokenizer",
         lambda d: (d / "tokenizer.json").unlink(),
-        r"a generator directory holds model.onnx, config.json and tokenizer.json; "
-        r"tokenizer.json is missing",
+        r"a generator directory holds model.onnx, tokenizer.json and config.json \(an "
+        r"Optimum export\) or genai_config.json \(a model-builder folder\); tokenizer.json "
+        r"is missing",
     ),
     (
         "config not json",

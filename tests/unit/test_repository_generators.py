@@ -96,11 +96,14 @@ def test_explicit_kinds(tmp_path: Path) -> None:
     incomplete = found[("incomplete", 1)]
     assert incomplete.kind == "generator"
     assert incomplete.error == (
-        f"{tmp_path / 'incomplete' / '1'}: a generator needs config.json and tokenizer.json "
-        "beside model.onnx; tokenizer.json is missing"
+        f"{tmp_path / 'incomplete' / '1'}: a generator needs tokenizer.json and config.json "
+        "(an Optimum export) or genai_config.json (a model-builder folder) beside model.onnx; "
+        "tokenizer.json is missing"
     )
     # A [generator] table makes the kind "generator", so the missing files are reported.
-    assert "config.json, tokenizer.json is missing" in found[("table_only", 1)].error
+    assert "tokenizer.json, config.json or genai_config.json is missing" in (
+        found[("table_only", 1)].error
+    )
 
 
 @pytest.mark.parametrize(

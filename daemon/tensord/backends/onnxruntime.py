@@ -281,6 +281,20 @@ class OnnxRuntimeBackend:
             self._runs.discard(options)
         return list(binding.get_outputs())
 
+    def io_binding(self) -> ort.IOBinding:
+        """A fresh IOBinding on the session, for run_binding."""
+        return self._session.io_binding()
+
+    def run_binding(self, binding: ort.IOBinding) -> None:
+        """One blocking run of what `binding` holds (outputs stay where they were bound)."""
+        options = self._begin()
+        try:
+            self._session.run_with_iobinding(binding, options)
+        except Exception as exc:
+            raise _run_error(exc) from exc
+        finally:
+            self._runs.discard(options)
+
     def _run_ort_values(
         self,
         inputs: Mapping[str, np.ndarray],

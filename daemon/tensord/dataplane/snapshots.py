@@ -98,12 +98,15 @@ def generator_snapshot(engine: GenerationEngine) -> GeneratorSnapshot:
         max_num_batched_tokens=limits.max_num_batched_tokens,
         max_queue_size=limits.max_queue_size,
         block_bytes=limits.block_bytes,
-        total_bytes=engine.storage.nbytes,
+        total_bytes=engine.kv.nbytes,
         stream_interval=limits.stream_interval,
         eos_token_ids=list(engine.directory.spec.eos_token_ids),
         batch_layout=engine.layout.layout.value,
         batch_layout_reason=engine.layout.reason,
         stats=engine.stats(),
+        kv_path=engine.kv.name,
+        kv_path_reason=engine.kv.reason,
+        slot_bytes=engine.kv.slot_bytes,
     )
 
 

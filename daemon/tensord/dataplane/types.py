@@ -160,6 +160,9 @@ class GeneratorSnapshot:
     batch_layout: str
     batch_layout_reason: str
     stats: EngineStats
+    kv_path: str = "paged"
+    kv_path_reason: str = ""
+    slot_bytes: int = 0
 
 
 @dataclass(slots=True)

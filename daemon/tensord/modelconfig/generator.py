@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -13,6 +14,9 @@ from tensord.errors import ModelLoadError
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 """The KV pool's size when model.toml sets neither kv_cache_bytes nor num_blocks."""
+SLOT_MAX_MODEL_LEN = 8192
+"""The slot path's default max_model_len bound: each slot reserves its whole length, so a
+128k-context model does not reserve 128k positions a sequence unless asked to."""
 DEFAULT_CONTEXT_LENGTH = 2048
 """max_model_len for a model whose config.json declares no context length (BLOOM and MPT
 with ALiBi have no table of positions)."""
@@ -21,6 +25,8 @@ with ALiBi have no table of positions)."""
 class BatchLayout(StrEnum):
     """How a step's sequences are grouped into model passes (safest last)."""
 
+    RAGGED = "ragged"
+    """KV slots: each row attends over its own slot, of any length (not configurable)."""
     PADDED = "padded"
     EQUAL_LENGTH = "equal_length"
     SINGLE = "single"
@@ -121,6 +127,57 @@ class GeneratorConfig(Settings):
             intra_op_threads=self.intra_op_threads,
             stream_interval=0 if self.stream_interval == "auto" else self.stream_interval,
             layout=None if self.batch_layout == "auto" else BatchLayout(self.batch_layout),
+        )
+
+    def resolve_slots(
+        self,
+        *,
+        context_length: int | None,
+        slot_bytes: Callable[[int], int],
+        budget_bytes: int | None = None,
+    ) -> GeneratorLimits:
+        """The limits of a model served on KV slots (one per sequence, each holding
+        max_model_len positions): max_model_len defaults to min(context length, 8192);
+        the slots are min(max_num_seqs, the KV budget / one slot's bytes), the budget
+        being kv_cache_bytes, else `budget_bytes` (what the device offers), else the
+        default. `slot_bytes(max_model_len)` is one slot's size. ModelLoadError, with the
+        numbers, when not even one slot fits."""
+        if self.num_blocks is not None:
+            raise ModelLoadError(
+                "[generator] num_blocks sizes the paged KV pool; this model is served on KV "
+                "slots (one per sequence): set kv_cache_bytes and max_num_seqs instead"
+            )
+        default_len = min(context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)
+        max_model_len = self.max_model_len or default_len
+        if context_length is not None and max_model_len > context_length:
+            raise ModelLoadError(
+                f"[generator] max_model_len {max_model_len} exceeds the model's context "
+                f"length {context_length}"
+            )
+        one = slot_bytes(max_model_len)
+        budget = self.kv_cache_bytes or budget_bytes or DEFAULT_KV_CACHE_BYTES
+        slots = min(self.max_num_seqs, budget // one)
+        if slots < 1:
+            raise ModelLoadError(
+                f"[generator] one KV slot of max_model_len {max_model_len} takes {one} bytes "
+                f"({one / 2**20:.1f} MiB), more than the KV budget of {budget} bytes; raise "
+                "kv_cache_bytes or lower max_model_len"
+            )
+        if self.batch_layout not in ("auto", "padded"):
+            raise ModelLoadError(
+                f"[generator] batch_layout {self.batch_layout!r} applies to the paged path; "
+                "on KV slots every sequence attends over its own slot, whatever its length"
+            )
+        return GeneratorLimits(
+            block_size=max_model_len,
+            num_blocks=slots,
+            block_bytes=one,
+            max_num_seqs=slots,
+            max_num_batched_tokens=max(self.max_num_batched_tokens, slots),
+            max_queue_size=self.max_queue_size,
+            max_model_len=max_model_len,
+            intra_op_threads=self.intra_op_threads,
+            stream_interval=0 if self.stream_interval == "auto" else self.stream_interval,
         )
 
 

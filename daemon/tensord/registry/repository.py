@@ -15,10 +15,12 @@ repository/
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tensord.errors import ModelLoadError
+from tensord.generate.model.genai_config import GENAI_CONFIG_FILE, builder_model_file
 from tensord.modelconfig.generator import GeneratorConfig
 from tensord.modelconfig.model import (
     MODEL_TOML,
@@ -36,8 +38,11 @@ from tensord.registry.layout import (
     top_level_skip,
 )
 
-# Beside the model file, these make a directory a generator (tensord.generate.model.model_dir).
-GENERATOR_MARKERS = ("config.json", "tokenizer.json")
+# Beside the model file, tokenizer.json and one of the configs make a directory a generator
+# (tensord.generate.model.model_dir): config.json for an Optimum export, genai_config.json for
+# an ONNX Runtime GenAI model-builder folder.
+GENERATOR_MARKERS = ("tokenizer.json",)
+GENERATOR_CONFIGS = ("config.json", GENAI_CONFIG_FILE)
 GENERATOR_OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json")
 """Read when present; like the markers, they follow the model file's symlink rule."""
 
@@ -170,6 +175,7 @@ def _scan_versions(
     model_dir: Path, name: str, config: ModelConfig, follow_symlinks: bool
 ) -> list[VersionSource]:
     on_disk, refused = _version_dirs(model_dir)
+    config = _builder_model_file(model_dir, config, on_disk.values())
     if not on_disk and not refused and (model_dir / config.model_file).exists():
         on_disk = {1: model_dir}
     config = _resolve_kind(config, on_disk)
@@ -275,7 +281,21 @@ def _model_file_problem(path: Path, model_dir: Path, follow_symlinks: bool) -> s
 
 
 def _holds_generator(directory: Path, model_file: str) -> bool:
-    return all((directory / n).is_file() for n in (model_file, *GENERATOR_MARKERS))
+    return all((directory / n).is_file() for n in (model_file, *GENERATOR_MARKERS)) and any(
+        (directory / n).is_file() for n in GENERATOR_CONFIGS
+    )
+
+
+def _builder_model_file(model_dir: Path, config: ModelConfig, dirs: Iterable[Path]) -> ModelConfig:
+    """A model-builder folder names its decoder in genai_config.json (Microsoft's Phi-3
+    folders use long file names): that file, unless model.toml sets model_file."""
+    if "model_file" in config.model_fields_set:
+        return config
+    for directory in (model_dir, *dirs):
+        name = builder_model_file(directory)
+        if name is not None:
+            return config.model_copy(update={"model_file": name})
+    return config
 
 
 def _resolve_kind(config: ModelConfig, on_disk: dict[int, Path]) -> ModelConfig:
@@ -298,13 +318,17 @@ def _generator_problem(
     or one of its files is not a regular file or symlinks lead it outside the model's
     directory (as for the model file)."""
     missing = [n for n in GENERATOR_MARKERS if not (directory / n).exists()]
+    configs = [n for n in GENERATOR_CONFIGS if (directory / n).exists()]
+    if not configs:
+        missing.append(" or ".join(GENERATOR_CONFIGS))
     if missing:
         return (
-            f"{directory}: a generator needs {' and '.join(GENERATOR_MARKERS)} beside "
-            f"{model_file}; {', '.join(missing)} is missing"
+            f"{directory}: a generator needs tokenizer.json and config.json (an Optimum "
+            f"export) or genai_config.json (a model-builder folder) beside {model_file}; "
+            f"{', '.join(missing)} is missing"
         )
     present = [n for n in GENERATOR_OPTIONAL_FILES if (directory / n).exists()]
-    for name in (*GENERATOR_MARKERS, *present):
+    for name in (*GENERATOR_MARKERS, *configs, *present):
         problem = _model_file_problem(directory / name, model_dir, follow_symlinks)
         if problem:
             return problem

@@ -141,6 +141,10 @@ def generator_status(g: GeneratorSnapshot) -> pb.GeneratorStatus:
         model_passes=stats.passes.passes,
         pass_sequences=stats.passes.sequences,
         max_pass_sequences=stats.passes.max_sequences,
+        kv_path=g.kv_path,
+        kv_path_reason=g.kv_path_reason,
+        slot_bytes=g.slot_bytes,
+        slot_moves=stats.slot_moves,
     )
 
 

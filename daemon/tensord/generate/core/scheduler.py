@@ -27,13 +27,15 @@ import bisect
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
 from tensord.errors import InvalidArgumentError, ResourceExhaustedError
-from tensord.generate.core.kv_cache_manager import KVCacheManager, KVCacheStats
+from tensord.generate.core.block_pool import KVCacheBlock
+from tensord.generate.core.kv_cache_manager import KVCacheStats
 from tensord.generate.core.outputs import EngineCoreOutput, TokenLogprob
 from tensord.generate.core.request import Request, RequestStatus
 from tensord.generate.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -81,6 +83,25 @@ class SchedulerStats:
     kv_cache: KVCacheStats
 
 
+class KVAllocator(Protocol):
+    """What the scheduler asks of the KV cache: the paged KVCacheManager, or the
+    SlotManager of fused-attention graphs (one slot per sequence)."""
+
+    @property
+    def max_tokens(self) -> int: ...
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]: ...
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
+    ) -> list[KVCacheBlock] | None: ...
+    def cache_blocks(self, request: Request) -> None: ...
+    def free(self, request: Request) -> None: ...
+    def get_block_ids(self, request_id: str) -> list[int]: ...
+    def stats(self) -> KVCacheStats: ...
+
+
 def _arrival(request: Request) -> int:
     return request.arrival_seq
 
@@ -88,7 +109,7 @@ def _arrival(request: Request) -> int:
 class Scheduler:
     """Decides, step by step, which requests run and on which tokens."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVAllocator) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.requests: dict[str, Request] = {}

@@ -21,14 +21,13 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import structlog
 
 from tensord.errors import InternalError, TensordError, UnavailableError
-from tensord.generate.core.kv_cache_manager import KVCacheManager, KVCacheStats
+from tensord.generate.core.kv_cache_manager import KVCacheStats
 from tensord.generate.core.outputs import EngineCoreOutput, RequestOutput, TokenLogprob
 from tensord.generate.core.request import Request, RequestStatus
 from tensord.generate.core.sampling_params import (
@@ -38,18 +37,16 @@ from tensord.generate.core.sampling_params import (
 )
 from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
 from tensord.generate.core.scheduler_output import SchedulerOutput
+from tensord.generate.core.slot_manager import SlotMove
 from tensord.generate.engine.handoff import OutputHandoff
+from tensord.generate.engine.kv_paths import KVPath
 from tensord.generate.engine.output_processor import OutputProcessor, RequestOutputCollector
-from tensord.generate.model.batch_layout import LayoutChoice, choose_layout
 from tensord.generate.model.model_dir import GeneratorDirectory, GeneratorSpec
-from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
-from tensord.generate.worker.model_runner import ModelRunner, PassStats, StepLogits
+from tensord.generate.worker.model_runner import PassStats, StepLogits
 from tensord.generate.worker.sampler import Sampler
 from tensord.modelconfig.generator import GeneratorLimits
 
 log = structlog.get_logger("tensord.generate")
-
-RunFn = Callable[[Mapping[str, np.ndarray], Sequence[str]], list[np.ndarray]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,6 +62,8 @@ class EngineStats:
     kv_cache: KVCacheStats
     passes: PassStats
     """Model passes and the sequences they carried (several per pass: shared steps)."""
+    slot_moves: int = 0
+    """Sequences moved down into a freed slot (the slot path; 0 on the paged path)."""
 
 
 def sampling_defaults(spec: GeneratorSpec) -> GenerationDefaults:
@@ -86,23 +85,16 @@ class GenerationEngine:
     """Continuous batching for one model; `generate()` streams one request's chunks."""
 
     def __init__(
-        self,
-        name: str,
-        directory: GeneratorDirectory,
-        limits: GeneratorLimits,
-        run: RunFn,
-        layout: LayoutChoice | None = None,
-        position_ids: bool | None = None,
+        self, name: str, directory: GeneratorDirectory, limits: GeneratorLimits, kv: KVPath
     ) -> None:
-        """`layout` and `position_ids` (whether the session takes position_ids) are what
-        the loader settled (serving_graph.py); by default, what the graph says."""
+        """`kv` is the KV cache the loader built for the model (kv_paths.py): slots for
+        fused attention, the paged pool for Optimum exports."""
         spec = directory.spec
         self.name = name
         self.directory = directory
         self.limits = limits
-        shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.kv_dtype.numpy)
-        self.storage = HostKVStorage(shape, limits.num_blocks, limits.block_size)
-        self.kv_cache_manager = KVCacheManager(limits.num_blocks, limits.block_size)
+        self.kv = kv
+        self.kv_cache_manager = kv.kv_cache_manager
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_model_len=limits.max_model_len,
@@ -112,18 +104,10 @@ class GenerationEngine:
             ),
             self.kv_cache_manager,
         )
-        pad = spec.pad_token_id if spec.pad_token_id is not None else 0
-        self.layout = layout or choose_layout(spec.model_type, spec.has_position_ids)
+        self.layout = kv.layout
         """The batch layout and why."""
-        self.position_ids = spec.has_position_ids if position_ids is None else position_ids
-        self.runner = ModelRunner(
-            run,
-            self.storage,
-            spec.num_layers,
-            self.position_ids,
-            pad_token_id=pad,
-            layout=self.layout.layout,
-        )
+        self.runner = kv.runner
+        self._moves: list[SlotMove] = []
         self.sampler = Sampler()
         self.defaults = sampling_defaults(spec)
         self.output_processor = OutputProcessor(directory.tokenizer)
@@ -214,6 +198,7 @@ class GenerationEngine:
                 preemptions=s.num_preemptions,
                 kv_cache=s.kv_cache,
                 passes=dataclasses.replace(self.runner.stats),
+                slot_moves=self.kv.slots.moves_made if self.kv.slots is not None else 0,
             )
 
     def fail_waiting(self, error: TensordError) -> None:
@@ -256,6 +241,7 @@ class GenerationEngine:
                     self._fail(list(self.scheduler.requests), self._stopping)
                     return
                 output = self.scheduler.schedule()
+                self._moves.extend(self.kv.take_moves())
                 if output.preempted_req_ids:
                     self.runner.reset()
                 if output.expired_req_ids:
@@ -301,6 +287,9 @@ class GenerationEngine:
 
     def _step(self, output: SchedulerOutput) -> None:
         streams = len(output.scheduled)
+        if self._moves:  # slots freed below the top: their sequences move down first
+            moves, self._moves = self._moves, []
+            self.runner.apply_moves(moves)  # type: ignore[attr-defined]
         logits = self.runner.execute(
             output.scheduled, before_run=lambda: self.handoff.release_due(streams)
         )

@@ -1,4 +1,8 @@
-"""Loading a generator version: its directory, backend session, engine and warm-up."""
+"""Loading a generator version: its directory, backend session, engine and warm-up.
+
+A model-builder folder (genai_config.json; fused GroupQueryAttention) is served on KV
+slots; an Optimum export on the paged pool, with its batch layout checked at load
+(kv_paths.py says what each path does)."""
 
 from __future__ import annotations
 
@@ -7,12 +11,17 @@ from pathlib import Path
 import structlog
 
 from tensord.backends.base import BackendPlacement, DeviceOptions, TensorSpec
+from tensord.backends.onnxruntime import OnnxRuntimeBackend
 from tensord.errors import ModelLoadError
 from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.engine.engine import GenerationEngine
-from tensord.generate.model.model_dir import load_generator_dir
+from tensord.generate.engine.kv_paths import paged_kv_path, slot_kv_path
+from tensord.generate.model.model_dir import GeneratorDirectory, load_generator_dir
 from tensord.generate.model.serving_graph import open_serving_graph
+from tensord.generate.model.slot_graph import check_slots, open_slot_session, slot_layout
+from tensord.generate.worker.kv_slots import SlotStorage
 from tensord.generate.worker.model_runner import PassStats
+from tensord.generate.worker.slot_runner import SlotRunner
 from tensord.modelconfig.generator import GeneratorConfig
 from tensord.modelconfig.model import ModelConfig
 
@@ -22,21 +31,15 @@ log = structlog.get_logger("tensord.generate")
 def load_engine(
     name: str, model_path: Path, config: ModelConfig, where: DeviceOptions
 ) -> tuple[GenerationEngine, BackendPlacement, list[TensorSpec], list[TensorSpec]]:
-    """Read the directory beside `model_path`, open the session, size the KV pool and
+    """Read the directory beside `model_path`, open the session, size the KV cache and
     start the engine (warmed up with a prefill and a decode step when config.warmup)."""
     directory = load_generator_dir(model_path.parent, config.model_file)
-    spec = directory.spec
-    for note in spec.notes:
+    for note in directory.spec.notes:
         log.warning("generator.config_note", model=name, note=note)
-    limits = (config.generator or GeneratorConfig()).resolve(
-        context_length=spec.context_length, kv_bytes_per_token=spec.kv_bytes_per_token
-    )
-    session_config = config.model_copy(update={"intra_op_threads": limits.intra_op_threads})
-    serving = open_serving_graph(spec, session_config, where, limits.layout)
-    backend = serving.backend
-    engine = GenerationEngine(
-        name, directory, limits, backend.run, serving.layout, serving.position_ids
-    )
+    if directory.spec.genai is not None:
+        engine, backend = _slot_engine(name, directory, config, where)
+    else:
+        engine, backend = _paged_engine(name, directory, config, where)
     if config.warmup:
         try:
             _warm_up(engine)
@@ -45,22 +48,67 @@ def load_engine(
             backend.close()
             raise ModelLoadError(f"warm-up generation step failed: {exc}") from None
     log.info(
-        "generator.batch_layout",
+        "generator.kv_path",
         model=name,
-        layout=engine.layout.layout.value,
+        kv_path=engine.kv.name,
+        batch_layout=engine.layout.layout.value,
         reason=engine.layout.reason,
+        slots=engine.limits.num_blocks if engine.kv.slots is not None else None,
+        kv_bytes=engine.kv.nbytes,
     )
     return engine, backend.placement, backend.inputs, backend.outputs
 
 
+def _paged_engine(
+    name: str, directory: GeneratorDirectory, config: ModelConfig, where: DeviceOptions
+) -> tuple[GenerationEngine, OnnxRuntimeBackend]:
+    spec = directory.spec
+    limits = (config.generator or GeneratorConfig()).resolve(
+        context_length=spec.context_length, kv_bytes_per_token=spec.kv_bytes_per_token
+    )
+    session_config = config.model_copy(update={"intra_op_threads": limits.intra_op_threads})
+    serving = open_serving_graph(spec, session_config, where, limits.layout)
+    kv = paged_kv_path(spec, limits, serving.backend.run, serving.layout, serving.position_ids)
+    return GenerationEngine(name, directory, limits, kv), serving.backend
+
+
+def _slot_engine(
+    name: str, directory: GeneratorDirectory, config: ModelConfig, where: DeviceOptions
+) -> tuple[GenerationEngine, OnnxRuntimeBackend]:
+    spec = directory.spec
+    generator = config.generator or GeneratorConfig()
+    session_config = config.model_copy(update={"intra_op_threads": generator.intra_op_threads})
+    session = open_slot_session(spec, session_config, where)
+    try:
+        limits = generator.resolve_slots(
+            context_length=spec.context_length,
+            slot_bytes=lambda length: slot_layout(spec, length).slot_bytes,
+            budget_bytes=session.kv_budget_bytes,
+        )
+        storage = SlotStorage(
+            slot_layout(spec, limits.max_model_len),
+            limits.num_blocks,
+            session.device,
+            session.backend.device_id,
+        )
+        kv = slot_kv_path(
+            session.backend, storage, spec, session.logits_dtype, limits.max_model_len
+        )
+        assert isinstance(kv.runner, SlotRunner)
+        check_slots(kv.runner, spec)
+    except BaseException:
+        session.backend.close()
+        raise
+    return GenerationEngine(name, directory, limits, kv), session.backend
+
+
 def _warm_up(engine: GenerationEngine) -> None:
-    """A one-token prefill and a decode step on free blocks of the engine's own pool, so
-    the first request pays no lazy set-up (the layout check warmed the session on a small
-    pool of its own). The blocks stay free: a request writes its positions before reading.
-    Two positions need two blocks when a block holds one token."""
+    """A one-token prefill and a decode step on free KV space of the engine's own, so the
+    first request pays no lazy set-up. Nothing is kept: a request writes its positions
+    before reading them. Two positions need two blocks when a block holds one token."""
     spec = engine.directory.spec
     token = spec.bos_token_id if spec.bos_token_id is not None else 0
-    table = [0] if engine.storage.block_size > 1 else [0, 1]
+    table = [0] if engine.limits.block_size > 1 else [0, 1]
     engine.runner.execute([ScheduledRequest("warm-up", [token], 0, table)])
     engine.runner.execute([ScheduledRequest("warm-up", [token], 1, table)])
     engine.runner.reset()

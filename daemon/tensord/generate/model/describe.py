@@ -13,8 +13,18 @@ from typing import Any
 import onnx
 
 from tensord.errors import ModelLoadError
-from tensord.generate.model.model_dir import is_generator_dir, load_generator_dir
+from tensord.generate.model.model_dir import GeneratorSpec, is_generator_dir, load_generator_dir
 from tensord.generate.model.serving_graph import open_serving_graph
+from tensord.generate.model.slot_graph import (
+    RAGGED_REASON,
+    SLOTS_REASON,
+    check_slots,
+    open_slot_session,
+    slot_layout,
+)
+from tensord.generate.worker.kv_slots import SlotStorage
+from tensord.generate.worker.slot_runner import SlotRunner
+from tensord.modelconfig.generator import DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN, BatchLayout
 from tensord.modelconfig.model import ModelConfig
 
 
@@ -46,6 +56,8 @@ def describe_generator(path: Path) -> dict[str, Any]:
         "eos_token_ids": list(spec.eos_token_ids),
         "notes": list(spec.notes),
     }
+    if spec.genai is not None:
+        return _describe_slots(spec, report)
     try:
         serving = open_serving_graph(spec, ModelConfig())
     except ModelLoadError as exc:
@@ -53,8 +65,49 @@ def describe_generator(path: Path) -> dict[str, Any]:
         return report
     serving.backend.close()
     report.update(
+        kv_path="paged",
         batch_layout=serving.layout.layout.value,
         batch_layout_reason=serving.layout.reason,
         feeds_position_ids=serving.position_ids,
+    )
+    return report
+
+
+def _describe_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, Any]:
+    """A model-builder folder: its session opened and its slots checked as the loader
+    does, on the CPU."""
+    assert spec.genai is not None
+    window = spec.genai.sliding_window
+    report.update(
+        layout="model-builder folder (genai_config.json)",
+        built_for=list(spec.genai.providers) or ["cpu"],
+        sliding_window=None
+        if window is None
+        else {"window_size": window.window_size, "layers": list(window.layers)},
+    )
+    try:
+        session = open_slot_session(spec, ModelConfig())
+    except ModelLoadError as exc:
+        report.update(servable=False, reason=str(exc))
+        return report
+    try:
+        length = min(spec.context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)
+        layout = slot_layout(spec, length)
+        storage = SlotStorage(layout, 3)
+        check_slots(SlotRunner(session.backend, storage, logits_dtype=session.logits_dtype,
+                               vocab_size=spec.vocab_size,
+                               has_position_ids=spec.has_position_ids), spec)  # fmt: skip
+    except ModelLoadError as exc:
+        report.update(servable=False, reason=str(exc))
+        return report
+    finally:
+        session.backend.close()
+    report.update(
+        kv_path="slots",
+        kv_path_reason=SLOTS_REASON,
+        batch_layout=BatchLayout.RAGGED.value,
+        batch_layout_reason=RAGGED_REASON,
+        slot_bytes_at_default_max_model_len=layout.slot_bytes,
+        default_max_model_len=length,
     )
     return report

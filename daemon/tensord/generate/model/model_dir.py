@@ -1,4 +1,6 @@
-"""A generator directory, in the layout Hugging Face Optimum exports (text-generation-with-past).
+"""A generator directory: Hugging Face Optimum's text-generation-with-past export, or an
+ONNX Runtime GenAI model-builder folder (genai_config.json instead of config.json; see
+genai_config.py).
 
   model.onnx               decoder with past_key_values inputs and present outputs
   model.onnx_data          optional: its weights, when exported as external data
@@ -26,6 +28,7 @@ from tokenizers import Tokenizer
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
 from tensord.files import read_regular_file
+from tensord.generate.model.genai_config import GENAI_CONFIG_FILE, GenaiConfig, read_genai_config
 from tensord.generate.model.graph_io import (
     POSITION_IDS,
     DecoderGraph,
@@ -73,8 +76,11 @@ _CONTEXT = (
 
 
 def is_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> bool:
-    """True when `directory` holds the model file, config.json and tokenizer.json."""
-    return all((directory / name).is_file() for name in (model_file, CONFIG_FILE, TOKENIZER_FILE))
+    """True when `directory` holds the model file, tokenizer.json and config.json (an
+    Optimum export) or genai_config.json (a model-builder folder)."""
+    return all((directory / name).is_file() for name in (model_file, TOKENIZER_FILE)) and any(
+        (directory / name).is_file() for name in (CONFIG_FILE, GENAI_CONFIG_FILE)
+    )
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,6 +127,9 @@ class GeneratorSpec:
     and the graph won; a default stood in for a missing value)."""
     chat_template: ChatTemplate | None = None
     """tokenizer_config.json's chat template; None when it has none (no chat API)."""
+    genai: GenaiConfig | None = None
+    """genai_config.json for a model-builder folder (fused attention, served on KV slots);
+    None for an Optimum export."""
 
     @property
     def has_position_ids(self) -> bool:
@@ -307,24 +316,42 @@ def _optional(directory: Path, name: str) -> Path | None:
     return path if path.exists() else None
 
 
+def _config_source(directory: Path, model_file: str) -> tuple[JsonFile, GenaiConfig | None]:
+    """config.json (an Optimum export) or, without it, genai_config.json (a builder folder)
+    under config.json's field names; ModelLoadError naming what is missing."""
+    genai_path = directory / GENAI_CONFIG_FILE
+    if not (directory / CONFIG_FILE).exists() and genai_path.exists():
+        genai = read_genai_config(genai_path)
+        return genai.config, genai
+    missing = [n for n in (model_file, CONFIG_FILE, TOKENIZER_FILE) if not (directory / n).exists()]
+    if missing:
+        raise ModelLoadError(
+            f"{directory}: a generator directory holds {model_file}, tokenizer.json and "
+            f"config.json (an Optimum export) or genai_config.json (a model-builder folder); "
+            f"{', '.join(missing)} is missing"
+        )
+    return JsonFile.read(directory / CONFIG_FILE, required=True), None
+
+
 def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> GeneratorDirectory:
     """Read and check a generator directory; raises ModelLoadError naming file and field."""
     directory = Path(directory)
-    needed = (model_file, CONFIG_FILE, TOKENIZER_FILE)
-    missing = [n for n in needed if not (directory / n).exists()]
+    config, genai = _config_source(directory, model_file)
+    missing = [n for n in (model_file, TOKENIZER_FILE) if not (directory / n).exists()]
     if missing:
         raise ModelLoadError(
-            f"{directory}: a generator directory holds {model_file}, config.json and "
-            f"tokenizer.json; {', '.join(missing)} is missing"
+            f"{directory}: a generator directory holds {model_file} and tokenizer.json; "
+            f"{', '.join(missing)} is missing"
         )
     model_path = directory / model_file
     if not model_path.is_file():  # the JSON files' reader refuses what is not a file
         raise ModelLoadError(f"{model_path} is not a regular file")
     graph = read_decoder_graph(model_path)
-    config = JsonFile.read(directory / CONFIG_FILE, required=True)
     generation_path = _optional(directory, GENERATION_CONFIG_FILE)
     tokenizer_config_path = _optional(directory, TOKENIZER_CONFIG_FILE)
     generation = JsonFile.read(generation_path)
+    if genai is not None and generation_path is None:
+        generation = genai.search  # the builder's sampling defaults
     tokenizer_config = JsonFile.read(tokenizer_config_path)
     tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
     notes: list[str] = []
@@ -334,7 +361,7 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
         directory=directory,
         model_path=model_path,
         tokenizer_path=directory / TOKENIZER_FILE,
-        config_path=directory / CONFIG_FILE,
+        config_path=config.path or directory / CONFIG_FILE,
         generation_config_path=generation_path,
         tokenizer_config_path=tokenizer_config_path,
         external_data_paths=graph.external_data,
@@ -351,6 +378,7 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
         chat_template=read_chat_template(
             tokenizer_config, _optional(directory, CHAT_TEMPLATE_FILE)
         ),
+        genai=genai,
         **shape,
     )
     return GeneratorDirectory(spec, tokenizer, _max_token_bytes(tokenizer))

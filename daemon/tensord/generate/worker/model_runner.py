@@ -27,7 +27,7 @@ from tensord.generate.worker.kv_storage import KVStorage
 from tensord.modelconfig.generator import BatchLayout
 
 
-def _is_decode(item: ScheduledRequest) -> bool:
+def is_decode(item: ScheduledRequest) -> bool:
     """One token after cached ones, whose logits are wanted: a decode step (or the last
     token of a prompt whose other tokens were cached). A one-token prompt chunk that does
     not end its prompt is a prefill: the decode path gives every row's logits."""
@@ -116,7 +116,7 @@ class ModelRunner:
         decodes: list[ScheduledRequest] = []
         prefills: list[ScheduledRequest] = []
         for item in items:
-            (decodes if _is_decode(item) else prefills).append(item)
+            (decodes if is_decode(item) else prefills).append(item)
         parts = [self._prefill(group) for group in self._passes(prefills)]
         views: dict[frozenset[str], DecodeView] = {}
         parts.extend(self._decode(group, views) for group in self._passes(decodes))

@@ -1,0 +1,128 @@
+"""KV slots: one per running sequence, packed low, for graphs with fused attention.
+
+A slot is a row of per-layer KV buffers that a sequence owns from its first prompt token
+to its finish (the bytes live in worker/kv_slots.py; this module only decides who holds
+which row). The scheduler sees the same facade as the paged KVCacheManager: a request's
+"block table" is its one slot id, `allocate_slots` finds it room or answers None when
+every slot is taken (the request waits; a running one never needs more), `free` gives the
+slot back.
+
+Occupied slots are kept packed in rows 0..n-1, so a decode pass over the first n rows
+carries no free row. When a sequence leaves a hole below the top, the top slot's
+sequence moves into it: `take_moves` hands those moves to the runner, which copies the
+bytes before its next pass (a sequence moves at most once per departure; a decode step
+itself never moves the cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tensord.generate.core.block_pool import KVCacheBlock
+from tensord.generate.core.kv_cache_manager import KVCacheStats
+from tensord.generate.core.request import Request
+
+
+@dataclass(slots=True, frozen=True)
+class SlotMove:
+    """Copy slot `source`'s bytes into slot `target` (the sequence moved down)."""
+
+    source: int
+    target: int
+
+
+class SlotManager:
+    """Hands each running request one slot of `num_slots`, each `slot_tokens` long."""
+
+    def __init__(self, num_slots: int, slot_tokens: int) -> None:
+        if num_slots < 1 or slot_tokens < 1:
+            raise ValueError(f"need >= 1 slot of >= 1 token, got {num_slots} x {slot_tokens}")
+        self.num_slots = num_slots
+        self.slot_tokens = slot_tokens
+        self._slot_of: dict[str, int] = {}
+        self._holder: list[str | None] = [None] * num_slots
+        self._moves: list[SlotMove] = []
+        self.moves_made = 0
+        """Sequences moved down into a hole since start (Info)."""
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens one sequence may hold: one slot's length."""
+        return self.slot_tokens
+
+    @property
+    def num_used(self) -> int:
+        """Slots held now: they are rows 0..num_used-1."""
+        return len(self._slot_of)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """No prefix reuse on slots: every prompt is computed."""
+        return [], 0
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
+    ) -> list[KVCacheBlock] | None:
+        """Room for the request's next tokens: its slot, or the lowest free one; None
+        when every slot is held (or the tokens would overrun the slot)."""
+        if request.num_computed_tokens + num_new_tokens > self.slot_tokens:
+            return None
+        if request.request_id in self._slot_of:
+            return []
+        if self.num_used == self.num_slots:
+            return None
+        slot = self.num_used  # rows 0..n-1 are held: the next row is free
+        self._slot_of[request.request_id] = slot
+        self._holder[slot] = request.request_id
+        return []
+
+    def cache_blocks(self, request: Request) -> None:
+        """Nothing to enter: slots are not shared."""
+
+    def free(self, request: Request) -> None:
+        """Give the request's slot back; the top slot's sequence moves into the hole."""
+        slot = self._slot_of.pop(request.request_id, None)
+        if slot is None:
+            return
+        top = self.num_used  # the highest held row before this one left
+        self._holder[slot] = None
+        if slot == top:
+            return
+        mover = self._holder[top]
+        assert mover is not None
+        self._holder[top], self._holder[slot] = None, mover
+        self._slot_of[mover] = slot
+        self._moves.append(SlotMove(top, slot))
+        self.moves_made += 1
+
+    def take_moves(self) -> list[SlotMove]:
+        """The moves made since the last call, in order (the runner applies them)."""
+        moves, self._moves = self._moves, []
+        return moves
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """[the request's slot], or [] when it holds none."""
+        slot = self._slot_of.get(request_id)
+        return [] if slot is None else [slot]
+
+    def get_num_free_blocks(self) -> int:
+        return self.num_slots - self.num_used
+
+    def stats(self) -> KVCacheStats:
+        """Slots as blocks of slot_tokens tokens (what Info's kv_cache reports)."""
+        used = self.num_used
+        return KVCacheStats(
+            total_blocks=self.num_slots,
+            used_blocks=used,
+            free_blocks=self.num_slots - used,
+            cached_blocks=0,
+            block_size=self.slot_tokens,
+            prefix_queries=0,
+            prefix_hits=0,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        return True

@@ -1,0 +1,136 @@
+"""The two ways an engine holds its KV cache, behind one record the engine runs.
+
+slots   fused attention (GroupQueryAttention, as ONNX Runtime GenAI's model builder
+        emits it): each running sequence owns a slot of per-layer buffers, bound as
+        past and present at once; a step never moves the cache (core/slot_manager.py,
+        worker/kv_slots.py, worker/slot_runner.py).
+paged   Optimum exports (Concat-growing pasts): a paged block pool in host memory with
+        prefix reuse and preemption; each pass gathers and scatters pasts
+        (core/kv_cache_manager.py, worker/kv_storage.py, worker/model_runner.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from tensord.generate.core.kv_cache_manager import KVCacheManager
+from tensord.generate.core.scheduler import KVAllocator
+from tensord.generate.core.scheduler_output import ScheduledRequest
+from tensord.generate.core.slot_manager import SlotManager, SlotMove
+from tensord.generate.model.batch_layout import LayoutChoice
+from tensord.generate.model.model_dir import GeneratorSpec
+from tensord.generate.model.slot_graph import RAGGED_REASON, SLOTS_REASON
+from tensord.generate.worker.kv_slots import SlotStorage
+from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
+from tensord.generate.worker.model_runner import ModelRunner, PassStats, StepLogits
+from tensord.generate.worker.slot_runner import BoundSession, SlotRunner
+from tensord.modelconfig.generator import BatchLayout, GeneratorLimits
+
+RunFn = Callable[[Mapping[str, np.ndarray], Sequence[str]], list[np.ndarray]]
+
+
+class StepRunner(Protocol):
+    """A runner of engine steps (ModelRunner, SlotRunner)."""
+
+    stats: PassStats
+
+    def execute(
+        self, items: Sequence[ScheduledRequest], before_run: Callable[[], None] | None = None
+    ) -> StepLogits: ...
+
+    def reset(self) -> None: ...
+
+
+@dataclass(slots=True)
+class KVPath:
+    """An engine's KV cache: the scheduler's allocator, the step runner, the bytes."""
+
+    name: str
+    """"slots" or "paged"."""
+    reason: str
+    """Why the model got this path, in words for the log and Info."""
+    kv_cache_manager: KVAllocator
+    runner: StepRunner
+    nbytes: int
+    """Bytes the KV cache holds (allocated at load)."""
+    layout: LayoutChoice
+    slots: SlotManager | None = None
+    storage: SlotStorage | HostKVStorage | None = field(default=None, repr=False)
+
+    def take_moves(self) -> list[SlotMove]:
+        """Slot moves to apply before the next step (none on the paged path)."""
+        return self.slots.take_moves() if self.slots is not None else []
+
+    @property
+    def slot_bytes(self) -> int:
+        """One slot's bytes (0 on the paged path)."""
+        if isinstance(self.storage, SlotStorage):
+            return self.storage.layout.slot_bytes
+        return 0
+
+
+def paged_kv_path(
+    spec: GeneratorSpec,
+    limits: GeneratorLimits,
+    run: RunFn,
+    layout: LayoutChoice,
+    position_ids: bool,
+) -> KVPath:
+    """The paged block pool and the gather/scatter runner of an Optimum export."""
+    shape = KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.kv_dtype.numpy)
+    storage = HostKVStorage(shape, limits.num_blocks, limits.block_size)
+    runner = ModelRunner(
+        run,
+        storage,
+        spec.num_layers,
+        position_ids,
+        pad_token_id=spec.pad_token_id if spec.pad_token_id is not None else 0,
+        layout=layout.layout,
+    )
+    return KVPath(
+        name="paged",
+        reason=PAGED_REASON,
+        kv_cache_manager=KVCacheManager(limits.num_blocks, limits.block_size),
+        runner=runner,
+        nbytes=storage.nbytes,
+        layout=layout,
+        storage=storage,
+    )
+
+
+def slot_kv_path(
+    session: BoundSession,
+    storage: SlotStorage,
+    spec: GeneratorSpec,
+    logits_dtype: np.dtype,
+    max_model_len: int,
+) -> KVPath:
+    """KV slots over `storage` (one per sequence) and the in-place runner."""
+    runner = SlotRunner(
+        session,
+        storage,
+        logits_dtype=logits_dtype,
+        vocab_size=spec.vocab_size,
+        has_position_ids=spec.has_position_ids,
+    )
+    slots = SlotManager(storage.num_slots, max_model_len)
+    return KVPath(
+        name="slots",
+        reason=SLOTS_REASON,
+        kv_cache_manager=slots,
+        runner=runner,
+        nbytes=storage.nbytes,
+        layout=LayoutChoice(BatchLayout.RAGGED, RAGGED_REASON),
+        slots=slots,
+        storage=storage,
+    )
+
+
+PAGED_REASON = (
+    "the graph grows its past by Concat (an Optimum export): sequences keep their keys and "
+    "values in a paged block pool, gathered into each pass"
+)

@@ -1,0 +1,181 @@
+"""One engine step on a fused-attention graph whose KV cache stays in its slots.
+
+The graph (an ONNX Runtime GenAI builder's, one GroupQueryAttention per layer) reads row
+b's past as the contiguous slab of its slot and bounds its attention by the count of ones
+in row b of the attention mask (seqlens_k = count - 1): tokens sit at positions
+0..len-1 of their row, padding never enters the past, and rows of any lengths share a
+pass. Past and present are bound to the same addresses (kv_slots.py), so the kernel
+writes the new keys and values in place and a step moves only token ids, the mask and
+logits.
+
+A step runs:
+  * each prefill chunk at batch 1 in its own slot (a multi-token step over an existing
+    past cannot share a pass), chunks of a long prompt over several steps;
+  * one decode pass over rows 0..n-1, n = the highest decoding slot + 1 (the slot manager
+    keeps held slots packed low, so there is no free row among them). A held row that
+    does not decode this step (its prompt is still being prefilled, or it sampled its
+    first token this step) is never written: it splits the pass into runs of decoding
+    rows around it (a window-sized cache would evict a position for a pad token), which
+    happens only for the steps while such a row sits below a decoding one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from tensord.generate.core.scheduler_output import ScheduledRequest
+from tensord.generate.core.slot_manager import SlotMove
+from tensord.generate.worker.kv_slots import SlotStorage
+from tensord.generate.worker.model_runner import PassStats, StepLogits, is_decode
+
+
+class BoundSession(Protocol):
+    """What the runner needs of the backend: IOBinding runs (OnnxRuntimeBackend)."""
+
+    def io_binding(self) -> Any: ...
+    def run_binding(self, binding: Any) -> None: ...
+
+
+class SlotRunner:
+    """Runs steps of one builder-layout decoder over its KV slots."""
+
+    def __init__(
+        self,
+        session: BoundSession,
+        storage: SlotStorage,
+        *,
+        logits_dtype: np.dtype,
+        vocab_size: int,
+        has_position_ids: bool = False,
+    ) -> None:
+        self._session = session
+        self.storage = storage
+        self._logits_dtype = logits_dtype
+        self._vocab = vocab_size
+        self._positions = has_position_ids
+        self._decode_bindings: dict[tuple[int, int], tuple[Any, np.ndarray]] = {}
+        """Per (first slot, rows): a binding with the slots bound, and its logits buffer."""
+        self._prefill_bindings: dict[int, Any] = {}
+        self.stats = PassStats()
+        self._before_run: Callable[[], None] | None = None
+
+    def apply_moves(self, moves: Sequence[SlotMove]) -> None:
+        """Copy the bytes of sequences the slot manager moved down, in order."""
+        for move in moves:
+            self.storage.move(move.source, move.target)
+
+    def execute(
+        self, items: Sequence[ScheduledRequest], before_run: Callable[[], None] | None = None
+    ) -> StepLogits:
+        """Run a step's scheduled requests; the last-position logits of each that samples.
+        `before_run` is called once, just before the first pass starts."""
+        self._before_run = before_run
+        decodes = [item for item in items if is_decode(item)]
+        parts = [self._prefill(item) for item in items if not is_decode(item)]
+        if decodes:
+            parts.append(self._decode(decodes))
+        if len(parts) == 1:
+            return parts[0]
+        ids = [i for part in parts for i in part.request_ids]
+        rows = [part.rows for part in parts if len(part.request_ids)]
+        return StepLogits(ids, np.concatenate(rows) if rows else np.zeros((0, 0), np.float32))
+
+    def reset(self) -> None:
+        """Nothing is kept between steps: the slots hold all there is."""
+
+    def _run(self, binding: Any, sequences: int) -> None:
+        if self._before_run is not None:
+            before, self._before_run = self._before_run, None
+            before()
+        self.stats.count(sequences)
+        self._session.run_binding(binding)
+
+    def _bind_slots(self, binding: Any, first: int, rows: int) -> None:
+        """Past and present of every layer: the same addresses, rows first.. first+rows-1."""
+        storage = self.storage
+        dtype = storage.layout.dtype
+        for layer in range(storage.layout.num_layers):
+            shape = storage.shape(layer, rows)
+            for kind, (past, present) in enumerate(_names(layer)):
+                address = storage.address(layer, kind, first)
+                where = (storage.device, storage.device_id, dtype, shape, address)
+                binding.bind_input(past, *where)
+                binding.bind_output(present, *where)
+
+    def _prefill(self, item: ScheduledRequest) -> StepLogits:
+        """A prompt chunk at batch 1 in its slot."""
+        slot = item.block_ids[0]
+        binding = self._prefill_bindings.get(slot)
+        if binding is None:
+            binding = self._session.io_binding()
+            binding.bind_output("logits", "cpu")  # first: get_outputs()[0]
+            self._bind_slots(binding, slot, 1)
+            self._prefill_bindings[slot] = binding
+        else:  # a fresh output each run: the last one's shape would be kept
+            binding.bind_output("logits", "cpu")
+        count = len(item.token_ids)
+        end = item.start_pos + count
+        binding.bind_cpu_input("input_ids", np.array([item.token_ids], np.int64))
+        binding.bind_cpu_input("attention_mask", np.ones((1, end), np.int64))
+        if self._positions:
+            positions = np.arange(item.start_pos, end, dtype=np.int64)[None, :]
+            binding.bind_cpu_input("position_ids", positions)
+        self._run(binding, 1)
+        if not item.sample:
+            return StepLogits([], np.zeros((0, self._vocab), self._logits_dtype))
+        logits = binding.get_outputs()[0].numpy()
+        return StepLogits([item.request_id], logits[0, -1:].copy())
+
+    def _decode_binding(self, first: int, rows: int) -> tuple[Any, np.ndarray]:
+        found = self._decode_bindings.get((first, rows))
+        if found is None:
+            binding = self._session.io_binding()
+            self._bind_slots(binding, first, rows)
+            logits = np.empty((rows, 1, self._vocab), self._logits_dtype)
+            binding.bind_output(
+                "logits", "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data
+            )
+            found = self._decode_bindings[(first, rows)] = (binding, logits)
+        return found
+
+    def _decode(self, items: Sequence[ScheduledRequest]) -> StepLogits:
+        """Decode passes over runs of consecutive decoding slots (one run but in the
+        steps where a held row that does not decode sits among them)."""
+        by_slot = sorted(items, key=lambda item: item.block_ids[0])
+        runs: list[list[ScheduledRequest]] = [[by_slot[0]]]
+        for item in by_slot[1:]:
+            if item.block_ids[0] == runs[-1][-1].block_ids[0] + 1:
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+        parts = [self._decode_run(run) for run in runs]
+        if len(parts) == 1:
+            return parts[0]
+        ids = [i for part in parts for i in part.request_ids]
+        return StepLogits(ids, np.concatenate([part.rows for part in parts]))
+
+    def _decode_run(self, items: Sequence[ScheduledRequest]) -> StepLogits:
+        """One pass over the consecutive slots of `items` (sorted by slot)."""
+        first, rows = items[0].block_ids[0], len(items)
+        ids = np.fromiter((item.token_ids[0] for item in items), np.int64, rows)[:, None]
+        lengths = np.fromiter((item.start_pos for item in items), np.int64, rows)
+        counts = lengths + 1
+        mask = (np.arange(int(counts.max()))[None, :] < counts[:, None]).astype(np.int64)
+        binding, logits = self._decode_binding(first, rows)
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", mask)
+        if self._positions:
+            binding.bind_cpu_input("position_ids", lengths[:, None].copy())
+        self._run(binding, rows)
+        return StepLogits([item.request_id for item in items], logits[:, 0].copy())
+
+
+def _names(layer: int) -> tuple[tuple[str, str], tuple[str, str]]:
+    """(past, present) names of a layer's keys and of its values."""
+    return (
+        (f"past_key_values.{layer}.key", f"present.{layer}.key"),
+        (f"past_key_values.{layer}.value", f"present.{layer}.value"),
+    )
