@@ -14,7 +14,7 @@ ARGS ?=
 SOAK_ARGS ?=
 FUZZ_SECONDS ?= 600
 
-.PHONY: setup setup-gpu proto dist docs demo serve test test-frontends test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-pack lint npm-deps systemd-tools clean help
+.PHONY: setup setup-gpu proto dist docs demo serve genai-venv test test-frontends test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-pack lint npm-deps systemd-tools clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
@@ -23,6 +23,7 @@ help:
 	@echo "make setup-gpu  virtualenv with what serving on a GPU needs (onnxruntime-gpu, CUDA bindings)"
 	@echo "make docs       regenerate docs/configuration.md from the settings"
 	@echo "make test-frontends  the gRPC tests against two frontend processes"
+	@echo "make genai-venv the pinned onnxruntime-genai venv (build/genai-venv) and the tests' model builder folders"
 	@echo "make proto      regenerate the Python stubs from protos/ (tensord.v1, and KServe v2)"
 	@echo "make dist       wheels and sdists of tensord-client and tensord in dist/"
 	@echo "make bench      run the Predict (batching off, then on), frontend processes and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
@@ -144,7 +145,14 @@ FRONTENDS_TIER = tests/grpc/test_predict.py tests/grpc/test_health_info.py \
 	tests/grpc/test_intake.py tests/grpc/test_client_api.py tests/grpc/test_readiness.py \
 	tests/e2e/test_fuzz.py
 
-test: $(VENV)/.setup-dev $(VENV)/.setup-export npm-deps systemd-tools test-packages
+# onnxruntime-genai's model builder needs transformers >= 5, which tensord's venv cannot
+# have: a venv of its own, pinned by tests/genai_requirements.txt (made once, about 90 s;
+# again when that file changes), and the tests' tiny builder folders made with it
+# (build/genai-models/, about 15 s; reused while their inputs stand). Both print what they do.
+genai-venv: $(SETUP_STAMP)
+	$(PY) -m tests.genai_models
+
+test: $(VENV)/.setup-dev $(VENV)/.setup-export npm-deps systemd-tools test-packages genai-venv
 	$(PY) -m pytest $(ARGS)
 ifeq ($(findstring tests/,$(ARGS)),)
 	TENSORD_TEST_FRONTENDS=2 TENSORD_FUZZ_SECONDS=10 $(PY) -m pytest -p no:cacheprovider -m "not in_process" $(FRONTENDS_TIER)

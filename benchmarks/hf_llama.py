@@ -5,30 +5,29 @@
       optimum/   `text-generation-with-past` export by Optimum: what tensord and the plain
                  loop run
       genai/     the same checkpoint through onnxruntime-genai's model builder
-    build/bench-venvs/genai/   onnxruntime-genai and its builder's needs (it pulls an
-                               onnxruntime of its own, so it never shares tensord's venv)
+    build/genai-venv/          onnxruntime-genai and its builder's needs, pinned by
+                               tests/genai_requirements.txt (it pulls an onnxruntime of its
+                               own, so it never shares tensord's venv); the tests' builder
+                               folders are made with the same venv (tests/genai_models.py)
 
 The shape is the tests' tiny Llama at benchmark size: hidden 256, 4 layers, 4 attention
 heads sharing 2 KV heads, intermediate 512, context 2048. Each part is built once and
-reused while its stamp file stands; nothing is downloaded but PyPI packages for the
-genai venv.
+reused while its stamp file stands (the genai folder's stamp holds the genai venv's
+requirements hash: new pins build it again); nothing is downloaded but PyPI packages for
+the genai venv.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ROOT = REPO / "build" / "bench-models" / "llama"
-GENAI_VENV = REPO / "build" / "bench-venvs" / "genai"
-# The builder imports the newest transformers' model classes; torch is the CPU build on
-# the build machines' disks.
-GENAI_PACKAGES = ("onnxruntime-genai", "onnx_ir", "onnx", "torch==2.13.0", "transformers")
 
 LLAMA = {
     "hidden_size": 256,
@@ -58,21 +57,19 @@ def optimum_llama(root: Path = ROOT) -> Path:
     return out
 
 
-def genai_python(venv_dir: Path = GENAI_VENV) -> Path:
-    """The genai venv's interpreter (created and filled from PyPI on first use)."""
-    python = venv_dir / "bin" / "python"
-    stamp = venv_dir / ".installed"
-    if stamp.exists():
-        return python
-    print(f"hf_llama: installing {', '.join(GENAI_PACKAGES)} into {venv_dir}", flush=True)
-    venv.create(venv_dir, with_pip=True, clear=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         *GENAI_PACKAGES],
-        check=True,
-    )  # fmt: skip
-    stamp.touch()
-    return python
+def genai_python() -> Path:
+    """The genai venv's interpreter: the tests' pinned venv (build/genai-venv, made from
+    tests/genai_requirements.txt on first use)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from tests.genai_models import genai_python as pinned_genai_python
+
+    return pinned_genai_python()
+
+
+def _genai_stamp() -> str:
+    """What the genai folder's .built holds: the requirements it was built under."""
+    return hashlib.sha256((REPO / "tests" / "genai_requirements.txt").read_bytes()).hexdigest()
 
 
 def genai_llama(intra_op_threads: int, root: Path = ROOT) -> tuple[Path, Path]:
@@ -81,7 +78,8 @@ def genai_llama(intra_op_threads: int, root: Path = ROOT) -> tuple[Path, Path]:
     optimum_llama(root)
     python = genai_python()
     out = root / "genai"
-    if not (out / ".built").exists():
+    stamp = out / ".built"
+    if not stamp.exists() or stamp.read_text().strip() != _genai_stamp():
         shutil.rmtree(out, ignore_errors=True)
         subprocess.run(
             [str(python), "-m", "onnxruntime_genai.models.builder", "-i", str(root / "pytorch"),
@@ -90,7 +88,7 @@ def genai_llama(intra_op_threads: int, root: Path = ROOT) -> tuple[Path, Path]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        (out / ".built").touch()
+        stamp.write_text(_genai_stamp() + "\n")
     config_path = out / "genai_config.json"
     config = json.loads(config_path.read_text())
     options = config["model"]["decoder"]["session_options"]
