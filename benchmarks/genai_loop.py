@@ -46,6 +46,11 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--ort-profile",
+        help="also run once with ONNX Runtime's profiler on (a copy of the folder) and print "
+        '{"ort_ms_per_step": ...}: the mean time of its model runs',
+    )
     args = parser.parse_args()
     model = og.Model(args.model_dir)
     rng = np.random.default_rng(args.seed)
@@ -54,7 +59,36 @@ def main() -> int:
     for _ in range(args.repeats):
         rate = run_once(model, prompts, args.new_tokens)
         print(json.dumps({"batch": args.batch, "tokens_per_s": rate}), flush=True)
+    if args.ort_profile:
+        print(json.dumps({"ort_ms_per_step": profiled(args, prompts)}), flush=True)
     return 0
+
+
+def profiled(args: argparse.Namespace, prompts: np.ndarray) -> float:
+    """Mean milliseconds of ONNX Runtime's model runs (its "model_run" events) over one
+    generation, with the profiler on in a copy of the folder."""
+    import glob
+    import os
+    import shutil
+
+    folder = args.ort_profile
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(args.model_dir, folder)
+    path = os.path.join(folder, "genai_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    prefix = os.path.join(folder, "ort-profile")
+    config["model"]["decoder"]["session_options"]["enable_profiling"] = prefix
+    with open(path, "w") as f:
+        json.dump(config, f)
+    model = og.Model(folder)
+    run_once(model, prompts, args.new_tokens)
+    del model  # the profile is written when the session ends
+    (found,) = glob.glob(prefix + "*.json")
+    with open(found) as f:
+        events = json.load(f)
+    runs = [e["dur"] for e in events if e.get("name") == "model_run"]
+    return sum(runs) / len(runs) / 1000
 
 
 if __name__ == "__main__":

@@ -1,6 +1,19 @@
-"""Generate on a real Optimum export: tensord against the plain loop and onnxruntime-genai.
+"""Generate on real exports: tensord against onnxruntime-genai and the plain loop.
 
-    python benchmarks/generate_hf_bench.py [--streams 1,16] [--rounds 5] [--no-genai]
+    python benchmarks/generate_hf_bench.py [--model builder|optimum] [--streams 1,16]
+                                           [--rounds 5] [--threads 1] [--no-genai]
+
+--model builder (the default): tensord serves onnxruntime-genai's model-builder folder of
+the tiny Llama below (KV slots, GroupQueryAttention), against onnxruntime-genai's own greedy
+loop, a static batch of N, over the same folder and the same ONNX Runtime release, in the
+same run. Modes: genai, together, continuous (as below); ratios are to genai. It also
+prints each side's ONNX Runtime time per step (genai: its profiler's model_run events;
+tensord: Info's model_seconds / steps) and tensord's own critical path per step (Info's
+step_seconds - model_seconds, over steps: scheduling, binding, sampling, bookkeeping).
+Targets: ORT time per step <= 1.05x genai's; critical path <= 0.15 ms; end to end >= 0.85x
+genai at 16 streams under continuous arrivals, >= 0.8x at 1 stream.
+
+--model optimum: the Optimum export of the same checkpoint (the paged path):
 
 The model is a tiny Llama exported with Optimum exactly as users export theirs
 (benchmarks/hf_llama.py: hidden 256, 4 layers, 4 heads, 2 KV heads), served unchanged by
@@ -152,6 +165,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="[generator] batch_layout of the served model (what each layout costs)",
     )
+    parser.add_argument("--model", choices=("builder", "optimum"), default="builder")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads of both sides (0: one per core)"
+    )
     parser.add_argument("--quick", action="store_true", help="2 rounds, 1.5 s windows")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args(argv)
@@ -185,6 +202,10 @@ def _render(points: list[Point], modes: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_signals()
+    if args.model == "builder":
+        from builder_bench import run_builder
+
+        return run_builder(args)
     rounds, window = (2, 1.5) if args.quick else (max(1, args.rounds), args.window_s)
     export = optimum_llama()
     spec = read_generator_spec(export)

@@ -292,9 +292,10 @@ def _prompt(length: int, offset: int) -> list[int]:
 
 
 PROMPTS: tuple[tuple[int, ...], ...] = tuple(
-    tuple(_prompt(n, offset)) for n, offset in ((4, 11), (13, 5), (40, 29))
+    tuple(_prompt(n, offset))
+    for n, offset in ((4, 11), (13, 5), (40, 29), (7, 3), (22, 17), (31, 23))
 )
-"""Short, longer than a window of 8, and longer than every window (40 > 16)."""
+"""Six lengths: short, longer than a window of 8, longer than every window (40 > 16)."""
 NEW_TOKENS = 24
 
 FAMILIES: dict[str, BuilderFamily] = {

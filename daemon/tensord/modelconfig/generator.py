@@ -41,11 +41,14 @@ class GeneratorConfig(Settings):
     block_size: int = Field(default=16, ge=1, le=4096)
     """Tokens per KV cache block: the unit of allocation and of prefix sharing."""
     kv_cache_bytes: int | None = Field(default=None, ge=1, le=2**62)
-    """The KV pool's size in bytes (keys and values of every layer); default 256 MiB
-    when num_blocks is not set either. The pool is allocated and written once at load, so
-    this memory is reserved up front and the process does not grow as sequences fill it."""
+    """The KV cache's size in bytes (keys and values of every layer); default 256 MiB
+    when num_blocks is not set either (on KV slots on a GPU: half the device memory free
+    after loading). The paged pool, or the slots (min(max_num_seqs, this / one slot's
+    bytes) of them), are allocated and written once at load, so this memory is reserved up
+    front and the process does not grow as sequences fill it."""
     num_blocks: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    """The KV pool's size in blocks, instead of kv_cache_bytes."""
+    """The paged KV pool's size in blocks, instead of kv_cache_bytes (not for a model
+    served on KV slots)."""
     max_num_seqs: int = Field(default=64, ge=1, le=65_536)
     """Sequences that may run (hold KV blocks and decode) at once."""
     max_num_batched_tokens: int = Field(default=2048, ge=1, le=INT32_MAX)
@@ -57,8 +60,10 @@ class GeneratorConfig(Settings):
     max_model_len: int | None = Field(default=None, ge=1, le=INT32_MAX)
     """Longest sequence (prompt + generated tokens); default and upper bound: the model's
     context length (config.json's max_position_embeddings, n_positions, max_seq_len,
-    seq_length or n_ctx). A model that declares none (ALiBi: BLOOM, MPT) takes any value
-    here, and 2048 by default."""
+    seq_length or n_ctx; genai_config.json's context_length). A model that declares none
+    (ALiBi: BLOOM, MPT) takes any value here, and 2048 by default. On KV slots (a
+    model-builder folder) each slot reserves this many positions, and the default is
+    min(context length, 8192)."""
     intra_op_threads: int = Field(default=1, ge=0, le=MAX_THREADS)
     """Threads one model step may use inside an operator; 0 lets ONNX Runtime use one per
     core. The default leaves the other cores to the event loop, which detokenizes and

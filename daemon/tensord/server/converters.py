@@ -145,6 +145,8 @@ def generator_status(g: GeneratorSnapshot) -> pb.GeneratorStatus:
         kv_path_reason=g.kv_path_reason,
         slot_bytes=g.slot_bytes,
         slot_moves=stats.slot_moves,
+        step_seconds=stats.step_seconds,
+        model_seconds=stats.passes.run_seconds,
     )
 
 

@@ -64,6 +64,8 @@ class EngineStats:
     """Model passes and the sequences they carried (several per pass: shared steps)."""
     slot_moves: int = 0
     """Sequences moved down into a freed slot (the slot path; 0 on the paged path)."""
+    step_seconds: float = 0.0
+    """Time in steps: scheduling, passes, sampling and bookkeeping (not idle waits)."""
 
 
 def sampling_defaults(spec: GeneratorSpec) -> GenerationDefaults:
@@ -120,6 +122,7 @@ class GenerationEngine:
         self._stopping: TensordError | None = None
         self._steps = 0
         self._generated = 0
+        self._step_seconds = 0.0
         self._thread = threading.Thread(target=self._run_loop, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -199,6 +202,7 @@ class GenerationEngine:
                 kv_cache=s.kv_cache,
                 passes=dataclasses.replace(self.runner.stats),
                 slot_moves=self.kv.slots.moves_made if self.kv.slots is not None else 0,
+                step_seconds=self._step_seconds,
             )
 
     def fail_waiting(self, error: TensordError) -> None:
@@ -236,6 +240,7 @@ class GenerationEngine:
                     self.handoff.release_held()
                 while not self._has_work():
                     self._wake.wait()
+                began = time.perf_counter()
                 self._apply_aborts_and_stops()
                 if self._stopping is not None:
                     self._fail(list(self.scheduler.requests), self._stopping)
@@ -254,7 +259,7 @@ class GenerationEngine:
                     self._wake.wait(timeout=0.01)
                     continue
             try:
-                self._step(output)
+                self._step(output, began)
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.error("engine.step_failed", model=self.name, error=repr(exc), exc_info=exc)
                 self.runner.reset()
@@ -285,7 +290,7 @@ class GenerationEngine:
             stopped, self._stops = self._stops, []
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
 
-    def _step(self, output: SchedulerOutput) -> None:
+    def _step(self, output: SchedulerOutput, began: float) -> None:
         streams = len(output.scheduled)
         if self._moves:  # slots freed below the top: their sequences move down first
             moves, self._moves = self._moves, []
@@ -298,6 +303,7 @@ class GenerationEngine:
             self._steps += 1
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
+            self._step_seconds += time.perf_counter() - began
             requests = self.scheduler.requests
             urgent = [  # finished, or this output holds the request's first tokens
                 out.request_id

@@ -24,6 +24,7 @@ from tensord.errors import ModelLoadError
 from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.model.model_dir import GeneratorSpec
 from tensord.generate.worker.kv_slots import SlotLayout
+from tensord.generate.worker.model_runner import PassStats
 from tensord.generate.worker.slot_runner import SlotRunner
 from tensord.modelconfig.model import ModelConfig
 
@@ -151,4 +152,4 @@ def check_slots(runner: SlotRunner, spec: GeneratorSpec) -> None:
             f"{tolerance * scale:.3g}): the graph's attention does not read KV slots as "
             "tensord writes them, so Generate does not serve it"
         )
-    runner.stats.passes = runner.stats.sequences = runner.stats.max_sequences = 0
+    runner.stats = PassStats()

@@ -16,6 +16,7 @@ change rows in place.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -68,11 +69,17 @@ class PassStats:
     """Sequences summed over passes: sequences / passes is the mean batch."""
     max_sequences: int = 0
     """The most sequences one pass carried."""
+    run_seconds: float = 0.0
+    """Time inside the model's passes."""
 
     def count(self, batch: int) -> None:
         self.passes += 1
         self.sequences += batch
         self.max_sequences = max(self.max_sequences, batch)
+
+    def timed(self, start: float) -> None:
+        """Add a pass that began at perf_counter() `start` and just ended."""
+        self.run_seconds += time.perf_counter() - start
 
 
 class ModelRunner:
@@ -163,7 +170,9 @@ class ModelRunner:
             before, self._before_run = self._before_run, None
             before()
         self.stats.count(len(ids) if sequences is None else sequences)
+        start = time.perf_counter()
         out = self._run_model(feeds, ["logits", *self._present_names])
+        self.stats.timed(start)
         return out[0], out[1:]
 
     def _prefill(self, items: Sequence[ScheduledRequest]) -> StepLogits:

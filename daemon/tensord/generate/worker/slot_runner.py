@@ -21,6 +21,7 @@ A step runs:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -91,7 +92,9 @@ class SlotRunner:
             before, self._before_run = self._before_run, None
             before()
         self.stats.count(sequences)
+        start = time.perf_counter()
         self._session.run_binding(binding)
+        self.stats.timed(start)
 
     def _bind_slots(self, binding: Any, first: int, rows: int) -> None:
         """Past and present of every layer: the same addresses, rows first.. first+rows-1."""

@@ -1,0 +1,188 @@
+"""Model-builder folders (ONNX Runtime GenAI's genai_config.json layout) served on KV slots.
+
+Each family is a tiny random-weight checkpoint run through onnxruntime-genai's model
+builder and dropped into the repository as the builder wrote it (tests/genai_models.py).
+Every greedy token is compared with transformers', each prompt alone and with streams of
+different prompt lengths joining in waves; Info shows the slot path and sequences sharing
+decode passes. A folder built for CUDA in bfloat16 is refused on the CPU with that reason;
+a model with two slots queues a third stream and a cancelled stream gives its slot back.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from tests.conftest import ServerThread, serve
+from tests.genai_models import NEW_TOKENS, BuiltModel, build_families
+from tests.generate_reference import ReferenceRun
+
+SERVED = ["llama", "qwen2", "qwen3", "mistral_sw16", "qwen2_sw8", "phi3", "gemma2", "gemma3"]
+"""mistral_sw16 windows every layer (16), qwen2_sw8 and gemma2 one layer (8), gemma3 its
+sliding layers: all shorter than the longest sequences here."""
+TWO_SLOTS = "llama_2slots"
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, BuiltModel]:
+    return build_families()
+
+
+@pytest.fixture(scope="module")
+def server(
+    built: dict[str, BuiltModel], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerThread]:
+    repo = tmp_path_factory.mktemp("builder-repo")
+    for name in [*SERVED, "llama_bf16_cuda"]:
+        shutil.copytree(built[name].path, repo / name)
+    shutil.copytree(built["llama"].path, repo / TWO_SLOTS)
+    (repo / TWO_SLOTS / "model.toml").write_text(
+        "[generator]\nmax_num_seqs = 2\nmax_model_len = 128\n"
+    )
+    srv = serve(repo)
+    yield srv
+    srv.stop()
+
+
+def _generate(
+    client, model: str, prompt: list[int], new_tokens: int, first: threading.Event
+) -> list[int]:  # type: ignore[no-untyped-def]
+    tokens: list[int] = []
+    for chunk in client.generate(
+        model, token_ids=prompt, max_tokens=new_tokens, temperature=0, ignore_eos=True
+    ):
+        tokens.extend(chunk.token_ids)
+        first.set()
+    return tokens
+
+
+def _status(client, name: str):  # type: ignore[no-untyped-def]
+    (model,) = [m for m in client.info().models if m.name == name]
+    return model
+
+
+def _in_waves(client, name: str, runs: list[ReferenceRun], waves: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Every run's prompt as a stream, started in `waves` waves (a wave starts once the
+    streams before it have their first token), each stream its reference's length."""
+    results: list[list[int]] = [[] for _ in runs]
+    errors: list[BaseException] = []
+    threads = []
+    per_wave = -(-len(runs) // waves)
+    for start in range(0, len(runs), per_wave):
+        started = []
+        for i in range(start, min(start + per_wave, len(runs))):
+            first = threading.Event()
+
+            def run(i: int = i, first: threading.Event = first) -> None:
+                try:
+                    run_ = runs[i]
+                    results[i] = _generate(client, name, list(run_.prompt), len(run_.tokens), first)
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+                    first.set()
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            threads.append(thread)
+            started.append(first)
+        for first in started:
+            assert first.wait(30), "a stream produced no token in 30 s"
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_transformers_tokens_alone_and_in_waves(
+    server: ServerThread, built: dict[str, BuiltModel], name: str
+) -> None:
+    from tensord_client import Client
+
+    runs = built[name].reference_runs()
+    assert len({len(r.prompt) for r in runs}) == len(runs) >= 6  # lengths all differ
+    with Client(server.target, timeout=60, retries=0) as client:
+        status = _status(client, name).generator
+        assert (status.kv_path, status.batch_layout) == ("slots", "ragged"), status
+        assert status.slot_bytes > 0 and status.kv_cache.total_blocks >= 6
+        compared = sum(
+            run.check(_generate(client, name, list(run.prompt), len(run.tokens), threading.Event()))
+            for run in runs
+        )
+        # Near ties are rare on these weights: nearly every token is compared.
+        assert compared >= 0.75 * NEW_TOKENS * len(runs), compared
+        before = _status(client, name).generator
+        streams = _in_waves(client, name, runs, waves=2)
+        after = _status(client, name).generator
+        loaded = sum(run.check(tokens) for run, tokens in zip(runs, streams, strict=True))
+        assert loaded == compared, (compared, loaded)
+        passes = after.model_passes - before.model_passes
+        sequences = after.pass_sequences - before.pass_sequences
+        assert sequences > passes > 0, (sequences, passes)
+        assert after.max_pass_sequences >= 3  # a wave of three decodes in one pass
+        assert after.kv_cache.used_blocks == 0  # every slot given back
+        assert after.model_seconds > 0 and after.step_seconds >= after.model_seconds
+
+
+def test_cuda_only_folder_is_refused_on_the_cpu(server: ServerThread) -> None:
+    from tensord_client import Client
+
+    with Client(server.target, timeout=60, retries=0) as client:
+        model = _status(client, "llama_bf16_cuda")
+        assert "built for cuda" in model.reason, model
+        with pytest.raises(grpc.RpcError) as caught:
+            list(client.generate("llama_bf16_cuda", token_ids=[5, 6], max_tokens=2))
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "built for cuda" in (caught.value.details() or "")
+
+
+def test_more_streams_than_slots_queue_and_all_finish(
+    server: ServerThread, built: dict[str, BuiltModel]
+) -> None:
+    """Two slots, six streams: every stream gets transformers' tokens, none fails, and no
+    pass carries more than two sequences."""
+    from tensord_client import Client
+
+    runs = built["llama"].reference_runs()[:6]
+    with Client(server.target, timeout=60, retries=0) as client:
+        status = _status(client, TWO_SLOTS).generator
+        assert status.kv_cache.total_blocks == 2 and status.max_model_len == 128
+        compared_alone = [
+            run.check(
+                _generate(client, TWO_SLOTS, list(run.prompt), len(run.tokens), threading.Event())
+            )
+            for run in runs
+        ]
+        streams = _in_waves(client, TWO_SLOTS, runs, waves=1)
+        assert [run.check(s) for run, s in zip(runs, streams, strict=True)] == compared_alone
+        after = _status(client, TWO_SLOTS).generator
+        assert after.max_pass_sequences == 2
+        assert after.kv_cache.used_blocks == 0
+
+
+def test_a_cancelled_stream_gives_its_slot_back(server: ServerThread) -> None:
+    from tensord_client import Client
+
+    with Client(server.target, timeout=60, retries=0) as client:
+        streams = [
+            client.generate(TWO_SLOTS, token_ids=[5, 6, 7], max_tokens=100, ignore_eos=True)
+            for _ in range(2)
+        ]
+        for stream in streams:
+            next(stream)  # both slots held
+        assert _status(client, TWO_SLOTS).generator.kv_cache.used_blocks == 2
+        for stream in streams:
+            stream.close()  # the client cancels the call
+        deadline = time.monotonic() + 10
+        while _status(client, TWO_SLOTS).generator.kv_cache.used_blocks and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert _status(client, TWO_SLOTS).generator.kv_cache.used_blocks == 0
+        tokens = _generate(client, TWO_SLOTS, [5, 6, 7], 4, threading.Event())
+        assert len(tokens) == 4

@@ -1,0 +1,57 @@
+"""SlotRunner on a real model-builder folder: the KV cache is bound in place, never copied."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensord.generate.core.scheduler_output import ScheduledRequest
+from tensord.generate.model.model_dir import GeneratorSpec, load_generator_dir
+from tensord.generate.model.slot_graph import SlotSession, open_slot_session, slot_layout
+from tensord.generate.worker.kv_slots import SlotStorage
+from tensord.generate.worker.slot_runner import SlotRunner
+from tensord.modelconfig.model import ModelConfig
+from tests.genai_models import build_families
+
+
+@pytest.fixture(scope="module")
+def opened() -> tuple[GeneratorSpec, SlotSession]:
+    spec = load_generator_dir(build_families()["llama"].path).spec
+    return spec, open_slot_session(spec, ModelConfig())
+
+
+def _runner(opened: tuple[GeneratorSpec, SlotSession], slots: int) -> SlotRunner:
+    spec, session = opened
+    storage = SlotStorage(slot_layout(spec, 64), slots)
+    return SlotRunner(
+        session.backend, storage, logits_dtype=session.logits_dtype, vocab_size=spec.vocab_size
+    )
+
+
+def test_past_and_present_are_the_slots_own_buffers(opened) -> None:  # type: ignore[no-untyped-def]
+    runner = _runner(opened, 3)
+    before = [runner.storage.host_view(0, 0)[s].copy() for s in range(3)]
+    runner.execute([ScheduledRequest("a", [5, 6, 7], 0, [1])])
+    runner.execute([ScheduledRequest("a", [8], 3, [1])])
+    ((binding, _),) = runner._decode_bindings.values()
+    presents = binding.get_outputs()[:4]  # key/value per layer, in binding order, then logits
+    expected = [runner.storage.address(layer, kind, 1) for layer in range(2) for kind in (0, 1)]
+    assert [value.data_ptr() for value in presents] == expected
+    keys = runner.storage.host_view(0, 0)
+    assert np.count_nonzero(keys[1, :, :4]) > 0  # four positions written in slot 1
+    assert not np.any(keys[1, :, 4:]) and np.array_equal(keys[0], before[0])
+    assert np.array_equal(keys[2], before[2])  # the other slots untouched
+
+
+def test_a_move_carries_the_cache_and_decoding_goes_on(opened) -> None:  # type: ignore[no-untyped-def]
+    from tensord.generate.core.slot_manager import SlotMove
+
+    runner = _runner(opened, 3)
+    first = runner.execute([ScheduledRequest("a", [5, 6, 7, 9], 0, [2])]).rows[0]
+    token = int(first.argmax())
+    runner.apply_moves([SlotMove(2, 0)])
+    moved = runner.execute([ScheduledRequest("a", [token], 4, [0])]).rows[0]
+    fresh = _runner(opened, 1)
+    fresh.execute([ScheduledRequest("b", [5, 6, 7, 9], 0, [0])])
+    alone = fresh.execute([ScheduledRequest("b", [token], 4, [0])]).rows[0]
+    np.testing.assert_array_equal(moved, alone)
