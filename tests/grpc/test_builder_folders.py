@@ -186,3 +186,30 @@ def test_a_cancelled_stream_gives_its_slot_back(server: ServerThread) -> None:
         assert _status(client, TWO_SLOTS).generator.kv_cache.used_blocks == 0
         tokens = _generate(client, TWO_SLOTS, [5, 6, 7], 4, threading.Event())
         assert len(tokens) == 4
+
+
+def test_sampling_logprobs_and_stop_strings_on_slots(server: ServerThread) -> None:
+    """Seeded sampling repeats itself, logprobs come with each token, and a stop string
+    ends the text before it, on the slot path as on the paged one."""
+    from tensord_client import Client
+
+    def chunks(**sampling: object) -> list:  # type: ignore[type-arg]
+        return list(client.generate("llama", "Once upon a time", **sampling))
+
+    with Client(server.target, timeout=60, retries=0) as client:
+        sampled = [
+            chunks(max_tokens=12, temperature=0.9, seed=7, logprobs=2, ignore_eos=True)
+            for _ in range(2)
+        ]
+        tokens = [[t for c in run for t in c.token_ids] for run in sampled]
+        assert tokens[0] == tokens[1] and len(tokens[0]) == 12
+        logprobs = [lp for c in sampled[0] for lp in c.logprobs]
+        assert len(logprobs) == 12 and all(len(lp.top) == 2 for lp in logprobs)
+        greedy = "".join(c.text for c in chunks(max_tokens=12, temperature=0, ignore_eos=True))
+        stop = greedy[len(greedy) // 2 :][:3]
+        assert stop.strip(), greedy
+        stopped = chunks(max_tokens=12, temperature=0, ignore_eos=True, stop=[stop])
+        text = "".join(c.text for c in stopped)
+        assert greedy.startswith(text) and stop not in text
+        assert stopped[-1].finish_reason is not None
+        assert stopped[-1].finish_reason.name.lower().endswith("stop")
