@@ -272,13 +272,7 @@ class OnnxRuntimeBackend:
             )
         for name in output_names:
             binding.bind_output(name, "cuda", self.device_id)
-        options = self._begin()
-        try:
-            self._session.run_with_iobinding(binding, options)
-        except Exception as exc:
-            raise _run_error(exc) from exc
-        finally:
-            self._runs.discard(options)
+        self.run_binding(binding)
         return list(binding.get_outputs())
 
     def io_binding(self) -> ort.IOBinding:

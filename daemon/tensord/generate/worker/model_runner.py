@@ -56,6 +56,15 @@ class StepLogits(Mapping[str, np.ndarray]):
     def __iter__(self) -> Iterator[str]:
         return iter(self.request_ids)
 
+    @classmethod
+    def join(cls, parts: Sequence[StepLogits]) -> StepLogits:
+        """The logits of a step's passes, in order, as one."""
+        if len(parts) == 1:
+            return parts[0]
+        ids = [i for part in parts for i in part.request_ids]
+        rows = [part.rows for part in parts if len(part.request_ids)]
+        return cls(ids, np.concatenate(rows) if rows else np.zeros((0, 0), np.float32))
+
     def __len__(self) -> int:
         return len(self.request_ids)
 
@@ -128,11 +137,7 @@ class ModelRunner:
         views: dict[frozenset[str], DecodeView] = {}
         parts.extend(self._decode(group, views) for group in self._passes(decodes))
         self._views = views
-        if len(parts) == 1:
-            return parts[0]
-        ids = [i for part in parts for i in part.request_ids]
-        rows = [part.rows for part in parts if len(part.request_ids)]
-        return StepLogits(ids, np.concatenate(rows) if rows else np.zeros((0, 0), np.float32))
+        return StepLogits.join(parts)
 
     def reset(self) -> None:
         """Forget the decode views (after preemption, aborts or errors)."""

@@ -78,11 +78,7 @@ class SlotRunner:
         parts = [self._prefill(item) for item in items if not is_decode(item)]
         if decodes:
             parts.append(self._decode(decodes))
-        if len(parts) == 1:
-            return parts[0]
-        ids = [i for part in parts for i in part.request_ids]
-        rows = [part.rows for part in parts if len(part.request_ids)]
-        return StepLogits(ids, np.concatenate(rows) if rows else np.zeros((0, 0), np.float32))
+        return StepLogits.join(parts)
 
     def reset(self) -> None:
         """Nothing is kept between steps: the slots hold all there is."""
@@ -154,11 +150,7 @@ class SlotRunner:
                 runs[-1].append(item)
             else:
                 runs.append([item])
-        parts = [self._decode_run(run) for run in runs]
-        if len(parts) == 1:
-            return parts[0]
-        ids = [i for part in parts for i in part.request_ids]
-        return StepLogits(ids, np.concatenate([part.rows for part in parts]))
+        return StepLogits.join([self._decode_run(run) for run in runs])
 
     def _decode_run(self, items: Sequence[ScheduledRequest]) -> StepLogits:
         """One pass over the consecutive slots of `items` (sorted by slot)."""
