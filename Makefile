@@ -14,7 +14,7 @@ ARGS ?=
 SOAK_ARGS ?=
 FUZZ_SECONDS ?= 600
 
-.PHONY: setup setup-gpu proto dist docs demo serve genai-venv test test-frontends test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-pack lint npm-deps systemd-tools clean help
+.PHONY: setup setup-gpu proto dist docs demo serve genai-venv test test-frontends test-packages bench bench-soak bench-fuzz bench-gpu gpu-wheels gpu-ort-pack gpu-models lint npm-deps systemd-tools clean help
 
 help:
 	@echo "make serve      set up (venv, deps, demo models) and run the daemon on the demo repository"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
 	@echo "make gpu-wheels the wheels tests/gpu/run-offline.sh installs on an offline GPU host"
 	@echo "make gpu-ort-pack   onnxruntime-gpu cut to its CUDA provider, in checksummed parts for an offline GPU host"
+	@echo "make gpu-models the fp16 CUDA builder folder (and transformers' reference) GPU call 3 carries"
 	@echo "make lint       ruff (check, format), mypy and the layers contract (lint-imports)"
 
 $(PY):
@@ -227,6 +228,13 @@ gpu-ort-pack: | $(PY)
 	$(PY) -m tests.gpu.ort_gpu_pack build/ort-gpu-wheel/onnxruntime_gpu-*.whl $(ORT_PARTS) \
 		--archs $(ORT_GPU_ARCHS) --part-max-mib $(ORT_PART_MAX_MIB) --gpu-wheels $(GPU_WHEELS)
 	rm -rf build/ort-gpu-wheel
+
+# GPU call 3 carries build/gpu-models: the Generate benchmark's Llama through the model
+# builder as GPU users download it (-p fp16 -e cuda), with transformers' greedy reference
+# (tests/gpu/builder_fp16.py, in the genai venv it makes on first use; reused while its
+# inputs stand). It prints the size (6.9 MiB: too much beside both onnxruntime-gpu parts).
+gpu-models: $(SETUP_STAMP)
+	$(PY) -m tests.gpu.builder_fp16
 
 lint: $(VENV)/.setup-dev
 	$(VENV)/bin/ruff check daemon clients/python tests benchmarks tools
