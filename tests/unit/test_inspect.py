@@ -120,3 +120,25 @@ def test_a_reader_that_leaves_early_ends_it_quietly(tmp_path: Path) -> None:
         finally:
             os.close(write)
         assert (result.returncode, result.stderr) == (1, "")
+
+
+def test_a_builder_folder_is_described_with_its_slots(capsys: pytest.CaptureFixture[str]) -> None:
+    """A model-builder folder: its window, the slot path and one slot's bytes; a bf16 CUDA
+    build is refused on the CPU with the providers it was built for."""
+    from tests.genai_models import build_families
+
+    built = build_families()
+    report = inspect_model(built["gemma2"].path / "model.onnx")
+    generator = report["generator"]
+    assert generator["servable"], generator
+    assert (generator["kv_path"], generator["batch_layout"]) == ("slots", "ragged")
+    assert generator["sliding_window"] == {"window_size": 8, "layers": [0]}
+    assert generator["built_for"] == ["cpu"]
+    # Layer 0 holds the window (8 positions), layer 1 the whole max_model_len (256).
+    per_position = 2 * 2 * 16 * 4  # keys and values, 2 KV heads of 16 floats
+    assert generator["slot_bytes_at_default_max_model_len"] == per_position * (8 + 256)
+    assert main(["inspect", str(built["gemma2"].path / "model.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "  sliding window of 8 on layers [0]" in out and "KV path: slots: " in out
+    refused = inspect_model(built["llama_bf16_cuda"].path / "model.onnx")["generator"]
+    assert refused["servable"] is False and "built for cuda" in refused["reason"]

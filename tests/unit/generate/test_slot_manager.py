@@ -30,19 +30,35 @@ def test_a_sequence_that_would_overrun_its_slot_gets_no_room() -> None:
     assert slots.allocate_slots(_request("b", computed=10), 6) == []
 
 
-def test_the_top_sequence_moves_into_a_hole_so_slots_stay_packed() -> None:
-    slots = SlotManager(4, 16)
-    requests = {x: _request(x) for x in "abcd"}
+def test_the_top_sequences_move_into_the_holes_so_slots_stay_packed() -> None:
+    slots = SlotManager(5, 16)
+    requests = {x: _request(x) for x in "abcde"}
     for request in requests.values():
         slots.allocate_slots(request, 3)
-    slots.free(requests["b"])  # hole at 1: d (slot 3) moves down
-    assert slots.take_moves() == [SlotMove(3, 1)]
-    assert [slots.get_block_ids(x) for x in "acd"] == [[0], [2], [1]]
-    slots.free(requests["c"])  # the top itself leaves: nothing moves
+    slots.free(requests["b"])  # hole at 1: e (slot 4) moves down
+    assert slots.take_moves() == [SlotMove(4, 1)]
+    assert [slots.get_block_ids(x) for x in "acde"] == [[0], [2], [3], [1]]
+    slots.free(requests["d"])  # the top itself leaves: nothing moves
     assert slots.take_moves() == []
-    slots.free(requests["a"])  # d (slot 1) moves to 0
+    # Two leave in one step, one of them the top: one move, not two.
+    slots.free(requests["a"])
+    slots.free(requests["c"])
     assert slots.take_moves() == [SlotMove(1, 0)]
-    assert slots.get_block_ids("d") == [0] and slots.num_used == 1
+    assert slots.get_block_ids("e") == [0] and slots.num_used == 1
     assert slots.moves_made == 2
     slots.free(requests["a"])  # freeing twice changes nothing
     assert slots.take_moves() == [] and slots.num_used == 1
+    late = _request("f")
+    assert slots.allocate_slots(late, 3) == [] and slots.get_block_ids("f") == [1]
+
+
+def test_a_request_admitted_before_the_moves_keeps_its_slot() -> None:
+    """Between a free and take_moves a newcomer takes the lowest free row (the hole)."""
+    slots = SlotManager(3, 16)
+    requests = {x: _request(x) for x in "abc"}
+    for request in requests.values():
+        slots.allocate_slots(request, 3)
+    slots.free(requests["a"])
+    newcomer = _request("d")
+    assert slots.allocate_slots(newcomer, 3) == [] and slots.get_block_ids("d") == [0]
+    assert slots.take_moves() == []

@@ -55,3 +55,35 @@ def test_a_move_carries_the_cache_and_decoding_goes_on(opened) -> None:  # type:
     fresh.execute([ScheduledRequest("b", [5, 6, 7, 9], 0, [0])])
     alone = fresh.execute([ScheduledRequest("b", [token], 4, [0])]).rows[0]
     np.testing.assert_array_equal(moved, alone)
+
+
+def test_first_prompts_share_one_pass_right_padded(opened) -> None:  # type: ignore[no-untyped-def]
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15], [20, 21]]
+    runner = _runner(opened, 3)
+    items = [ScheduledRequest(str(s), p, 0, [s]) for s, p in enumerate(prompts)]
+    together = runner.execute(items)
+    assert (runner.stats.passes, runner.stats.max_sequences) == (1, 3)
+    tokens = [int(row.argmax()) for row in together.rows]
+    decoded = runner.execute(
+        [ScheduledRequest(str(s), [tokens[s]], len(p), [s]) for s, p in enumerate(prompts)]
+    )
+    for s, prompt in enumerate(prompts):
+        alone = _runner(opened, 1)
+        first = alone.execute([ScheduledRequest("a", prompt, 0, [0])]).rows[0]
+        np.testing.assert_allclose(together[str(s)], first, rtol=1e-5, atol=1e-5)
+        then = alone.execute([ScheduledRequest("a", [tokens[s]], len(prompt), [0])]).rows[0]
+        np.testing.assert_allclose(decoded[str(s)], then, rtol=1e-5, atol=1e-5)
+
+
+def test_without_padding_only_equal_prompts_share_a_pass(opened) -> None:  # type: ignore[no-untyped-def]
+    spec, session = opened
+    runner = SlotRunner(
+        session.backend,
+        SlotStorage(slot_layout(spec, 64), 4),
+        logits_dtype=session.logits_dtype,
+        vocab_size=spec.vocab_size,
+        pad_prompts=False,
+    )
+    prompts = [[5, 6, 7], [8, 9, 10], [11, 12], [13, 14]]
+    runner.execute([ScheduledRequest(str(s), p, 0, [s]) for s, p in enumerate(prompts)])
+    assert (runner.stats.passes, runner.stats.max_sequences) == (2, 2)

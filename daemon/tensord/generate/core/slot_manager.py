@@ -7,11 +7,12 @@ which row). The scheduler sees the same facade as the paged KVCacheManager: a re
 every slot is taken (the request waits; a running one never needs more), `free` gives the
 slot back.
 
-Occupied slots are kept packed in rows 0..n-1, so a decode pass over the first n rows
-carries no free row. When a sequence leaves a hole below the top, the top slot's
-sequence moves into it: `take_moves` hands those moves to the runner, which copies the
-bytes before its next pass (a sequence moves at most once per departure; a decode step
-itself never moves the cache).
+Held slots are kept packed in rows 0..n-1, so decode passes over the first n rows carry
+no free row. A sequence that leaves may leave a hole below the top; `take_moves`, called
+once between steps, moves the top sequences into the holes (as few moves as there are
+holes under the top, none for a sequence that left in the same step) and hands those
+moves to the runner, which copies the bytes before its next pass. A new sequence takes
+the lowest free slot. A decode step itself never moves the cache.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ class SlotManager:
         self.slot_tokens = slot_tokens
         self._slot_of: dict[str, int] = {}
         self._holder: list[str | None] = [None] * num_slots
-        self._moves: list[SlotMove] = []
         self.moves_made = 0
         """Sequences moved down into a hole since start (Info)."""
 
@@ -74,7 +74,7 @@ class SlotManager:
             return []
         if self.num_used == self.num_slots:
             return None
-        slot = self.num_used  # rows 0..n-1 are held: the next row is free
+        slot = self._holder.index(None)  # the lowest free row
         self._slot_of[request.request_id] = slot
         self._holder[slot] = request.request_id
         return []
@@ -83,24 +83,24 @@ class SlotManager:
         """Nothing to enter: slots are not shared."""
 
     def free(self, request: Request) -> None:
-        """Give the request's slot back; the top slot's sequence moves into the hole."""
+        """Give the request's slot back (take_moves closes the hole)."""
         slot = self._slot_of.pop(request.request_id, None)
-        if slot is None:
-            return
-        top = self.num_used  # the highest held row before this one left
-        self._holder[slot] = None
-        if slot == top:
-            return
-        mover = self._holder[top]
-        assert mover is not None
-        self._holder[top], self._holder[slot] = None, mover
-        self._slot_of[mover] = slot
-        self._moves.append(SlotMove(top, slot))
-        self.moves_made += 1
+        if slot is not None:
+            self._holder[slot] = None
 
     def take_moves(self) -> list[SlotMove]:
-        """The moves made since the last call, in order (the runner applies them)."""
-        moves, self._moves = self._moves, []
+        """Pack the held slots into rows 0..n-1: the highest held slot moves into the
+        lowest hole until none is left; the moves, in order, for the runner to apply."""
+        moves = []
+        holes = [s for s in range(self.num_used) if self._holder[s] is None]
+        tops = [s for s in range(self.num_slots - 1, self.num_used - 1, -1) if self._holder[s]]
+        for hole, top in zip(holes, tops, strict=True):
+            mover = self._holder[top]
+            assert mover is not None
+            self._holder[top], self._holder[hole] = None, mover
+            self._slot_of[mover] = hole
+            moves.append(SlotMove(top, hole))
+        self.moves_made += len(moves)
         return moves
 
     def get_block_ids(self, request_id: str) -> list[int]:

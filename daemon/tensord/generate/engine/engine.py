@@ -245,8 +245,11 @@ class GenerationEngine:
                 if self._stopping is not None:
                     self._fail(list(self.scheduler.requests), self._stopping)
                     return
-                output = self.scheduler.schedule()
+                # Slots freed since the last step are closed before this step's requests
+                # learn their slots (deadlines passing inside schedule() leave holes for
+                # the next step: a decode pass splits around a hole, never reads it).
                 self._moves.extend(self.kv.take_moves())
+                output = self.scheduler.schedule()
                 if output.preempted_req_ids:
                     self.runner.reset()
                 if output.expired_req_ids:

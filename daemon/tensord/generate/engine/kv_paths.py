@@ -116,6 +116,7 @@ def slot_kv_path(
         logits_dtype=logits_dtype,
         vocab_size=spec.vocab_size,
         has_position_ids=spec.has_position_ids,
+        pad_prompts=spec.genai is None or spec.genai.sliding_window is None,
     )
     slots = SlotManager(storage.num_slots, max_model_len)
     return KVPath(

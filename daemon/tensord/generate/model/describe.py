@@ -96,7 +96,8 @@ def _describe_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, An
         storage = SlotStorage(layout, 3)
         check_slots(SlotRunner(session.backend, storage, logits_dtype=session.logits_dtype,
                                vocab_size=spec.vocab_size,
-                               has_position_ids=spec.has_position_ids), spec)  # fmt: skip
+                               has_position_ids=spec.has_position_ids,
+                               pad_prompts=window is None), spec)  # fmt: skip
     except ModelLoadError as exc:
         report.update(servable=False, reason=str(exc))
         return report

@@ -9,14 +9,16 @@ writes the new keys and values in place and a step moves only token ids, the mas
 logits.
 
 A step runs:
-  * each prefill chunk at batch 1 in its own slot (a multi-token step over an existing
-    past cannot share a pass), chunks of a long prompt over several steps;
-  * one decode pass over rows 0..n-1, n = the highest decoding slot + 1 (the slot manager
-    keeps held slots packed low, so there is no free row among them). A held row that
-    does not decode this step (its prompt is still being prefilled, or it sampled its
-    first token this step) is never written: it splits the pass into runs of decoding
-    rows around it (a window-sized cache would evict a position for a pad token), which
-    happens only for the steps while such a row sits below a decoding one.
+  * prompts that start this step (their slots are consecutive: they were admitted
+    together) in one pass, right-padded, each row's mask counting its own length (only
+    equal lengths share a pass where a layer's cache is window-sized: padding would take
+    window positions); a chunk that continues a prompt over its past at batch 1 (a
+    multi-token step over an existing past cannot share a pass);
+  * one decode pass over the decoding slots, which the slot manager keeps packed low. A
+    held slot that does not decode this step (its prompt is still being prefilled, or it
+    sampled its first token this step) is never written: it splits the pass into runs of
+    consecutive decoding slots around it (a window-sized cache would evict a position for
+    a pad token), which happens only while such a slot sits below a decoding one.
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ class SlotRunner:
         logits_dtype: np.dtype,
         vocab_size: int,
         has_position_ids: bool = False,
+        pad_prompts: bool = True,
     ) -> None:
+        """`pad_prompts`: whether first prompts of different lengths may share a pass
+        right-padded (not for a model whose layers have window-sized caches)."""
         self._session = session
         self.storage = storage
         self._logits_dtype = logits_dtype
@@ -59,9 +64,13 @@ class SlotRunner:
         self._positions = has_position_ids
         self._decode_bindings: dict[tuple[int, int], tuple[Any, np.ndarray]] = {}
         """Per (first slot, rows): a binding with the slots bound, and its logits buffer."""
-        self._prefill_bindings: dict[int, Any] = {}
+        self._prefill_bindings: dict[tuple[int, int], Any] = {}
         self.stats = PassStats()
         self._before_run: Callable[[], None] | None = None
+        self._first_prompts_join = _always if pad_prompts else _equal_lengths
+        """Whether two first prompts may share a pass: any lengths (right-padded), but
+        only equal ones where a layer's cache is window-sized (padding would take window
+        positions)."""
 
     def apply_moves(self, moves: Sequence[SlotMove]) -> None:
         """Copy the bytes of sequences the slot manager moved down, in order."""
@@ -75,9 +84,12 @@ class SlotRunner:
         `before_run` is called once, just before the first pass starts."""
         self._before_run = before_run
         decodes = [item for item in items if is_decode(item)]
-        parts = [self._prefill(item) for item in items if not is_decode(item)]
+        prefills = [item for item in items if not is_decode(item)]
+        firsts = [item for item in prefills if item.start_pos == 0]
+        parts = [self._prefill(run) for run in _slot_runs(firsts, self._first_prompts_join)]
+        parts += [self._prefill([item]) for item in prefills if item.start_pos > 0]
         if decodes:
-            parts.append(self._decode(decodes))
+            parts += [self._decode_run(run) for run in _slot_runs(decodes, _always)]
         return StepLogits.join(parts)
 
     def reset(self) -> None:
@@ -104,29 +116,41 @@ class SlotRunner:
                 binding.bind_input(past, *where)
                 binding.bind_output(present, *where)
 
-    def _prefill(self, item: ScheduledRequest) -> StepLogits:
-        """A prompt chunk at batch 1 in its slot."""
-        slot = item.block_ids[0]
-        binding = self._prefill_bindings.get(slot)
+    def _prefill(self, items: Sequence[ScheduledRequest]) -> StepLogits:
+        """Prompt chunks in their slots: first prompts of consecutive slots in one pass
+        (right-padded: each row's count of mask ones is its own length), a chunk that
+        continues a prompt at batch 1."""
+        first, rows = items[0].block_ids[0], len(items)
+        binding = self._prefill_bindings.get((first, rows))
         if binding is None:
             binding = self._session.io_binding()
             binding.bind_output("logits", "cpu")  # first: get_outputs()[0]
-            self._bind_slots(binding, slot, 1)
-            self._prefill_bindings[slot] = binding
+            self._bind_slots(binding, first, rows)
+            self._prefill_bindings[(first, rows)] = binding
         else:  # a fresh output each run: the last one's shape would be kept
             binding.bind_output("logits", "cpu")
-        count = len(item.token_ids)
-        end = item.start_pos + count
-        binding.bind_cpu_input("input_ids", np.array([item.token_ids], np.int64))
-        binding.bind_cpu_input("attention_mask", np.ones((1, end), np.int64))
+        counts = np.fromiter((len(item.token_ids) for item in items), np.int64, rows)
+        width = int(counts.max())
+        ids = np.zeros((rows, width), np.int64)
+        for row, item in enumerate(items):
+            ids[row, : counts[row]] = item.token_ids
+        start = items[0].start_pos  # 0 for a batch: only first prompts share a pass
+        columns = np.arange(start + width)[None, :]
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input(
+            "attention_mask", (columns < (start + counts)[:, None]).astype(np.int64)
+        )
         if self._positions:
-            positions = np.arange(item.start_pos, end, dtype=np.int64)[None, :]
+            positions = np.minimum(np.arange(width)[None, :], counts[:, None] - 1) + start
             binding.bind_cpu_input("position_ids", positions)
-        self._run(binding, 1)
-        if not item.sample:
+        self._run(binding, rows)
+        wanted = [row for row, item in enumerate(items) if item.sample]
+        if not wanted:
             return StepLogits([], np.zeros((0, self._vocab), self._logits_dtype))
         logits = binding.get_outputs()[0].numpy()
-        return StepLogits([item.request_id], logits[0, -1:].copy())
+        return StepLogits(
+            [items[row].request_id for row in wanted], logits[wanted, counts[wanted] - 1]
+        )
 
     def _decode_binding(self, first: int, rows: int) -> tuple[Any, np.ndarray]:
         found = self._decode_bindings.get((first, rows))
@@ -139,18 +163,6 @@ class SlotRunner:
             )
             found = self._decode_bindings[(first, rows)] = (binding, logits)
         return found
-
-    def _decode(self, items: Sequence[ScheduledRequest]) -> StepLogits:
-        """Decode passes over runs of consecutive decoding slots (one run but in the
-        steps where a held row that does not decode sits among them)."""
-        by_slot = sorted(items, key=lambda item: item.block_ids[0])
-        runs: list[list[ScheduledRequest]] = [[by_slot[0]]]
-        for item in by_slot[1:]:
-            if item.block_ids[0] == runs[-1][-1].block_ids[0] + 1:
-                runs[-1].append(item)
-            else:
-                runs.append([item])
-        return StepLogits.join([self._decode_run(run) for run in runs])
 
     def _decode_run(self, items: Sequence[ScheduledRequest]) -> StepLogits:
         """One pass over the consecutive slots of `items` (sorted by slot)."""
@@ -165,7 +177,33 @@ class SlotRunner:
         if self._positions:
             binding.bind_cpu_input("position_ids", lengths[:, None].copy())
         self._run(binding, rows)
-        return StepLogits([item.request_id for item in items], logits[:, 0].copy())
+        # A view of the binding's buffer: the engine samples from it before the next pass
+        # of this binding overwrites it (StepLogits.join copies when a step has several).
+        return StepLogits([item.request_id for item in items], logits[:, 0])
+
+
+def _always(_a: ScheduledRequest, _b: ScheduledRequest) -> bool:
+    return True
+
+
+def _equal_lengths(a: ScheduledRequest, b: ScheduledRequest) -> bool:
+    return len(a.token_ids) == len(b.token_ids)
+
+
+def _slot_runs(
+    items: Sequence[ScheduledRequest], joins: Callable[[ScheduledRequest, ScheduledRequest], bool]
+) -> list[list[ScheduledRequest]]:
+    """`items` sorted by slot, cut into runs of consecutive slots (and where `joins` says
+    two neighbours cannot share a pass)."""
+    ordered = sorted(items, key=lambda item: item.block_ids[0])
+    runs: list[list[ScheduledRequest]] = []
+    for item in ordered:
+        last = runs[-1][-1] if runs else None
+        if last is not None and item.block_ids[0] == last.block_ids[0] + 1 and joins(last, item):
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
 
 
 def _names(layer: int) -> tuple[tuple[str, str], tuple[str, str]]:
