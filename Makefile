@@ -26,7 +26,7 @@ help:
 	@echo "make genai-venv the pinned onnxruntime-genai venv (build/genai-venv) and the tests' model builder folders"
 	@echo "make proto      regenerate the Python stubs from protos/ (tensord.v1, and KServe v2)"
 	@echo "make dist       wheels and sdists of tensord-client and tensord in dist/"
-	@echo "make bench      run the Predict (batching off, then on), frontend processes and Generate benchmarks (demo model, then an Optimum-exported Llama against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
+	@echo "make bench      run the Predict (batching off, then on), frontend processes and Generate benchmarks (demo model, then a Llama as a model-builder folder and as an Optimum export, against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
 	@echo "make bench-fuzz fuzz the daemon for FUZZ_SECONDS (600; make test fuzzes 30 s)"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"
@@ -169,7 +169,8 @@ bench: $(VENV)/.setup-dev $(VENV)/.setup-export demo
 	$(PY) benchmarks/perf_analyzer_bench.py
 	$(PY) benchmarks/frontends_bench.py $(FRONTENDS_ARGS)
 	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
-	$(PY) benchmarks/generate_hf_bench.py $(GENERATE_HF_ARGS)
+	$(PY) benchmarks/generate_hf_bench.py --model builder $(GENERATE_HF_ARGS)
+	$(PY) benchmarks/generate_hf_bench.py --model optimum $(GENERATE_HF_ARGS)
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
 	TENSORD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -p no:cacheprovider tests/e2e/test_fuzz.py
 
