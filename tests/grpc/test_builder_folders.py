@@ -118,16 +118,22 @@ def test_transformers_tokens_alone_and_in_waves(
         )
         # Near ties are rare on these weights: nearly every token is compared.
         assert compared >= 0.75 * NEW_TOKENS * len(runs), compared
-        before = _status(client, name).generator
-        streams = _in_waves(client, name, runs, waves=2)
-        after = _status(client, name).generator
-        assert [len(s) for s in streams] == [len(r.tokens) - 2 * i for i, r in enumerate(runs)]
-        for run, tokens in zip(runs, streams, strict=True):
-            run.check(tokens)  # the reference's tokens, as far as each stream went
-        passes = after.model_passes - before.model_passes
-        sequences = after.pass_sequences - before.pass_sequences
+        # Streams started at once do not always reach the server in one step on a loaded
+        # host: up to three tries for a pass that three of them share.
+        for _ in range(3):
+            before = _status(client, name).generator
+            streams = _in_waves(client, name, runs, waves=2)
+            after = _status(client, name).generator
+            lengths = [len(r.tokens) - 2 * i for i, r in enumerate(runs)]
+            assert [len(s) for s in streams] == lengths
+            for run, tokens in zip(runs, streams, strict=True):
+                run.check(tokens)  # the reference's tokens, as far as each stream went
+            passes = after.model_passes - before.model_passes
+            sequences = after.pass_sequences - before.pass_sequences
+            if sequences > passes and after.max_pass_sequences >= 3:
+                break
         assert sequences > passes > 0, (sequences, passes)
-        assert after.max_pass_sequences >= 3  # a wave of three decodes in one pass
+        assert after.max_pass_sequences >= 3  # three streams decoded in one pass
         assert after.kv_cache.used_blocks == 0  # every slot given back
         assert after.slot_moves > before.slot_moves  # streams that left freed low slots
         assert after.model_seconds > 0 and after.step_seconds >= after.model_seconds

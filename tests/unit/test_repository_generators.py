@@ -253,3 +253,33 @@ def test_generator_files_follow_the_model_file_symlink_rule(tmp_path: Path) -> N
     }
     followed = {src.name: src.error for src in scan_repository(repo, follow_symlinks=True)}
     assert followed == {**{name: "" for name in errors}, "fifo": errors["fifo"]}
+
+
+def _builder_folder(directory: Path, model_file: str, genai_config: object = None) -> None:
+    import json
+
+    config = genai_config or {"model": {"decoder": {"filename": model_file}}}
+    touch(directory / "genai_config.json", json.dumps(config))
+    touch(directory / "tokenizer.json", "{}")
+    touch(directory / model_file)
+
+
+def test_builder_folders_serve_the_decoder_their_genai_config_names(tmp_path: Path) -> None:
+    """Each version its own file name (a CPU and a CUDA build differ); a model.toml's
+    model_file wins; a broken genai_config.json fails its version, not the scan."""
+    _builder_folder(tmp_path / "phi" / "1", "phi-3-mini-cpu-int4.onnx")
+    _builder_folder(tmp_path / "phi" / "2", "phi-3-mini-cuda-fp16.onnx")
+    _builder_folder(tmp_path / "flat", "model-q4.onnx")
+    _builder_folder(tmp_path / "pinned", "model-q4.onnx")
+    touch(tmp_path / "pinned" / "model.toml", 'model_file = "other.onnx"\n')
+    bad = {"model": {"decoder": {"filename": "model.onnx", "session_options": "x"}}}
+    _builder_folder(tmp_path / "bad", "model.onnx", bad)
+    found = scan(tmp_path)
+    assert found[("phi", 1)].path == tmp_path / "phi" / "1" / "phi-3-mini-cpu-int4.onnx"
+    assert found[("phi", 2)].path == tmp_path / "phi" / "2" / "phi-3-mini-cuda-fp16.onnx"
+    assert found[("phi", 2)].config.model_file == "phi-3-mini-cuda-fp16.onnx"
+    assert (found[("phi", 1)].kind, found[("phi", 1)].error) == ("generator", "")
+    assert found[("flat", 1)].path == tmp_path / "flat" / "model-q4.onnx"
+    assert found[("flat", 1)].kind == "generator"
+    assert "holding other.onnx" in found[("pinned", 1)].error
+    assert found[("bad", 1)].kind == "generator" and found[("bad", 1)].error == ""

@@ -15,7 +15,6 @@ repository/
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -175,8 +174,8 @@ def _scan_versions(
     model_dir: Path, name: str, config: ModelConfig, follow_symlinks: bool
 ) -> list[VersionSource]:
     on_disk, refused = _version_dirs(model_dir)
-    config = _builder_model_file(model_dir, config, on_disk.values())
-    if not on_disk and not refused and (model_dir / config.model_file).exists():
+    top = _in_directory(config, model_dir)
+    if not on_disk and not refused and (model_dir / top.model_file).exists():
         on_disk = {1: model_dir}
     config = _resolve_kind(config, on_disk)
     if config.kind == "generator":
@@ -202,14 +201,15 @@ def _scan_versions(
             where = model_dir / str(version)
             sources.append(VersionSource(name, version, where, config, reason, (), model_dir))
             continue
-        path = directory / config.model_file
+        here = _in_directory(config, directory)
+        path = directory / here.model_file
         error = _model_file_problem(path, model_dir, follow_symlinks)
         if error and not path.exists() and not path.is_symlink():
-            error += model_file_hint(directory, config.model_file, model_dir)
-        if not error and config.kind == "generator":
-            error = _generator_problem(directory, config.model_file, model_dir, follow_symlinks)
+            error += model_file_hint(directory, here.model_file, model_dir)
+        if not error and here.kind == "generator":
+            error = _generator_problem(directory, here.model_file, model_dir, follow_symlinks)
         sources.append(
-            VersionSource(name, version, path, config, error, fingerprint(directory), model_dir)
+            VersionSource(name, version, path, here, error, fingerprint(directory), model_dir)
         )
     return sources
 
@@ -286,23 +286,25 @@ def _holds_generator(directory: Path, model_file: str) -> bool:
     )
 
 
-def _builder_model_file(model_dir: Path, config: ModelConfig, dirs: Iterable[Path]) -> ModelConfig:
-    """A model-builder folder names its decoder in genai_config.json (Microsoft's Phi-3
-    folders use long file names): that file, unless model.toml sets model_file."""
+def _in_directory(config: ModelConfig, directory: Path) -> ModelConfig:
+    """The config as it applies to one version directory: a model-builder folder names its
+    decoder in genai_config.json (Microsoft's Phi-3 folders use long file names, and a CPU
+    and a CUDA build differ), and that file is served unless model.toml sets model_file."""
     if "model_file" in config.model_fields_set:
         return config
-    for directory in (model_dir, *dirs):
-        name = builder_model_file(directory)
-        if name is not None:
-            return config.model_copy(update={"model_file": name})
-    return config
+    name = builder_model_file(directory)
+    if name is None or name == config.model_file:
+        return config
+    return config.model_copy(update={"model_file": name})
 
 
 def _resolve_kind(config: ModelConfig, on_disk: dict[int, Path]) -> ModelConfig:
     """The config with its kind decided and, for a generator, its [generator] defaults."""
     kind = config.kind
     if kind is None:
-        detected = any(_holds_generator(d, config.model_file) for d in on_disk.values())
+        detected = any(
+            _holds_generator(d, _in_directory(config, d).model_file) for d in on_disk.values()
+        )
         kind = "generator" if detected or config.generator is not None else "predict"
     if kind == "predict":
         return config.model_copy(update={"kind": kind})

@@ -33,7 +33,7 @@ def test_past_and_present_are_the_slots_own_buffers(opened) -> None:  # type: ig
     before = [runner.storage.host_view(0, 0)[s].copy() for s in range(3)]
     runner.execute([ScheduledRequest("a", [5, 6, 7], 0, [1])])
     runner.execute([ScheduledRequest("a", [8], 3, [1])])
-    ((binding, _),) = runner._decode_bindings.values()
+    (binding,) = runner._decode_bindings.values()
     presents = binding.get_outputs()[:4]  # key/value per layer, in binding order, then logits
     expected = [runner.storage.address(layer, kind, 1) for layer in range(2) for kind in (0, 1)]
     assert [value.data_ptr() for value in presents] == expected
@@ -87,3 +87,18 @@ def test_without_padding_only_equal_prompts_share_a_pass(opened) -> None:  # typ
     prompts = [[5, 6, 7], [8, 9, 10], [11, 12], [13, 14]]
     runner.execute([ScheduledRequest(str(s), p, 0, [s]) for s, p in enumerate(prompts)])
     assert (runner.stats.passes, runner.stats.max_sequences) == (2, 2)
+
+
+def test_a_padded_pass_stays_within_the_token_budget(opened) -> None:  # type: ignore[no-untyped-def]
+    """One long prompt among short ones: rows x width of a pass stays within budget."""
+    spec, session = opened
+    runner = SlotRunner(
+        session.backend,
+        SlotStorage(slot_layout(spec, 64), 4),
+        logits_dtype=session.logits_dtype,
+        vocab_size=spec.vocab_size,
+        max_pass_tokens=40,
+    )
+    prompts = [[5] * 30, [6, 7], [8, 9], [10, 11]]
+    runner.execute([ScheduledRequest(str(s), p, 0, [s]) for s, p in enumerate(prompts)])
+    assert (runner.stats.passes, runner.stats.max_sequences) == (2, 3)  # 1 x 30, 3 x 2

@@ -297,7 +297,15 @@ class GenerationEngine:
         streams = len(output.scheduled)
         if self._moves:  # slots freed below the top: their sequences move down first
             moves, self._moves = self._moves, []
-            self.runner.apply_moves(moves)  # type: ignore[attr-defined]
+            try:
+                self.runner.apply_moves(moves)  # type: ignore[attr-defined]
+            except Exception:
+                # The slot manager has rehomed them: whoever did not get its bytes, running
+                # this step or not, would decode over another's. End every held sequence.
+                with self._lock:
+                    held = [r.request_id for r in self.scheduler.running]
+                    self._fail(held, InternalError("moving KV slots failed; the log says why"))
+                raise
         logits = self.runner.execute(
             output.scheduled, before_run=lambda: self.handoff.release_due(streams)
         )

@@ -107,7 +107,7 @@ def slot_kv_path(
     storage: SlotStorage,
     spec: GeneratorSpec,
     logits_dtype: np.dtype,
-    max_model_len: int,
+    limits: GeneratorLimits,
 ) -> KVPath:
     """KV slots over `storage` (one per sequence) and the in-place runner."""
     runner = SlotRunner(
@@ -117,8 +117,9 @@ def slot_kv_path(
         vocab_size=spec.vocab_size,
         has_position_ids=spec.has_position_ids,
         pad_prompts=spec.genai is None or spec.genai.sliding_window is None,
+        max_pass_tokens=limits.max_num_batched_tokens,
     )
-    slots = SlotManager(storage.num_slots, max_model_len)
+    slots = SlotManager(storage.num_slots, limits.max_model_len)
     return KVPath(
         name="slots",
         reason=SLOTS_REASON,

@@ -82,20 +82,18 @@ def _slot_engine(
     try:
         limits = generator.resolve_slots(
             context_length=spec.context_length,
-            slot_bytes=lambda length: slot_layout(spec, length).slot_bytes,
+            slot_bytes=lambda length: slot_layout(spec, length, session.device).slot_bytes,
             budget_bytes=session.kv_budget_bytes,
         )
         storage = SlotStorage(
-            slot_layout(spec, limits.max_model_len),
+            slot_layout(spec, limits.max_model_len, session.device),
             limits.num_blocks,
             session.device,
             session.backend.device_id,
         )
-        kv = slot_kv_path(
-            session.backend, storage, spec, session.logits_dtype, limits.max_model_len
-        )
+        kv = slot_kv_path(session.backend, storage, spec, session.logits_dtype, limits)
         assert isinstance(kv.runner, SlotRunner)
-        check_slots(kv.runner, spec)
+        check_slots(kv.runner, spec, limits.max_model_len)
     except BaseException:
         session.backend.close()
         raise

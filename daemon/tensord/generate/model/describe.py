@@ -90,14 +90,20 @@ def _describe_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, An
     except ModelLoadError as exc:
         report.update(servable=False, reason=str(exc))
         return report
+    length = min(spec.context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)
+    layout = slot_layout(spec, length, session.device)
+    # The check's sequences are short: slots of their length, not of max_model_len (a
+    # real model's full slot takes gigabytes).
+    checked = min(length, (window.window_size if window is not None else 0) + 16)
     try:
-        length = min(spec.context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)
-        layout = slot_layout(spec, length)
-        storage = SlotStorage(layout, 3)
+        storage = SlotStorage(
+            slot_layout(spec, checked, session.device), 3, session.device,
+            session.backend.device_id,
+        )  # fmt: skip
         check_slots(SlotRunner(session.backend, storage, logits_dtype=session.logits_dtype,
                                vocab_size=spec.vocab_size,
                                has_position_ids=spec.has_position_ids,
-                               pad_prompts=window is None), spec)  # fmt: skip
+                               pad_prompts=window is None), spec, checked)  # fmt: skip
     except ModelLoadError as exc:
         report.update(servable=False, reason=str(exc))
         return report

@@ -105,10 +105,17 @@ def _sliding_window(decoder: dict[str, Any], path: Path) -> SlidingWindow | None
     return SlidingWindow(size, tuple(sorted(set(layers))), slack)
 
 
-def _providers(decoder: dict[str, Any]) -> tuple[str, ...]:
-    options = (decoder.get("session_options") or {}).get("provider_options") or []
+def _providers(decoder: dict[str, Any], path: Path) -> tuple[str, ...]:
+    """The providers decoder.session_options.provider_options names ([{"cuda": {...}}])."""
+    session = _object(decoder.get("session_options") or {}, path, "model.decoder.session_options")
+    options = session.get("provider_options") or []
+    if not isinstance(options, list):
+        raise ModelLoadError(
+            f"{path}: model.decoder.session_options.provider_options must be a list, "
+            f"got {options!r:.80}"
+        )
     names: list[str] = []
-    for entry in options if isinstance(options, list) else []:
+    for entry in options:
         if isinstance(entry, dict):
             names.extend(str(name).lower() for name in entry)
     return tuple(names)
@@ -154,7 +161,7 @@ def read_genai_config(path: Path) -> GenaiConfig:
         config=config,
         search=JsonFile(path, _object(search, path, "search")),
         sliding_window=_sliding_window(decoder, path),
-        providers=_providers(decoder),
+        providers=_providers(decoder, path),
     )
 
 
@@ -165,6 +172,7 @@ def builder_model_file(directory: Path) -> str | None:
     if not path.is_file():
         return None
     try:
-        return read_genai_config(path).filename
-    except ModelLoadError:
+        filename = JsonFile.read(path).data["model"]["decoder"].get("filename", "model.onnx")
+    except Exception:  # whatever the file holds, the load says why; a scan goes on
         return None
+    return filename if isinstance(filename, str) and filename and "/" not in filename else None

@@ -58,15 +58,17 @@ class SlotSession:
     CPU, where [generator] kv_cache_bytes or its default sizes them."""
 
 
-def slot_layout(spec: GeneratorSpec, max_model_len: int) -> SlotLayout:
-    """One slot of `spec`: max_model_len positions per layer, and window + cache_slack for
-    a layer the builder gave a window-sized cache (GroupQueryAttention's
-    sliding_window_cache: the kernel keeps the last positions and evicts the oldest)."""
+def slot_layout(spec: GeneratorSpec, max_model_len: int, device: str = "cpu") -> SlotLayout:
+    """One slot of `spec`: max_model_len positions per layer, and for a layer the builder
+    gave a window-sized cache (GroupQueryAttention's sliding_window_cache: the kernel keeps
+    the last positions and evicts the oldest) the window, plus genai_config.json's
+    cache_slack on the CPU (the CUDA kernel takes exactly the window)."""
     window = spec.genai.sliding_window if spec.genai is not None else None
+    windowed = 0
+    if window is not None:
+        windowed = window.window_size + (window.cache_slack if device == "cpu" else 0)
     lengths = tuple(
-        min(max_model_len, window.window_size + window.cache_slack)
-        if window is not None and layer in window.layers
-        else max_model_len
+        windowed if window is not None and layer in window.layers else max_model_len
         for layer in range(spec.num_layers)
     )
     return SlotLayout(
@@ -80,8 +82,8 @@ def _refusal(spec: GeneratorSpec, exc: ModelLoadError) -> ModelLoadError:
         return exc
     return ModelLoadError(
         f"{spec.model_path}: this folder was built for {', '.join(built_for)} "
-        f"(genai_config.json: model.decoder.session_options.provider_options) and its "
-        f"operators cannot run on this host's providers: {exc}"
+        f"(genai_config.json: model.decoder.session_options.provider_options), and ONNX "
+        f"Runtime cannot open it with this host's providers: {exc}"
     )
 
 
@@ -122,23 +124,27 @@ def open_slot_session(
     return SlotSession(backend, device, logits.dtype.numpy, budget)
 
 
-def check_slots(runner: SlotRunner, spec: GeneratorSpec) -> None:
-    """Decode a short sequence beside a longer one and compare its logits with one prompt
-    pass over the same tokens in a third slot; refuse the model when they disagree (the
-    graph's attention does not read slots as the runner writes them). Needs 3 slots;
-    fewer check what fits."""
+def check_slots(runner: SlotRunner, spec: GeneratorSpec, max_model_len: int) -> None:
+    """Prefill a short and a longer prompt (in one pass where the runner pads prompts),
+    decode the short one beside the longer, and compare its logits with one pass over its
+    tokens in a third slot; refuse the model when they disagree (the graph's attention
+    does not read slots as the runner writes them). Sequences reach past the window where
+    the model has one (within max_model_len). Needs 3 slots; fewer check what fits."""
     slots = runner.storage.num_slots
     vocab = spec.vocab_size
     window = spec.genai.sliding_window if spec.genai is not None else None
     base = 0 if window is None else window.window_size  # past the window: the ring wraps
-    short = [(7 * i + 3) % vocab for i in range(base + 5)]
-    long = [(11 * i + 5) % vocab for i in range(base + 9)]
-    first = runner.execute([ScheduledRequest("a", short, 0, [0])]).rows[0]
+    room = max(2, max_model_len - 2)
+    short = [(7 * i + 3) % vocab for i in range(min(base + 5, room - 4))]
+    long = [(11 * i + 5) % vocab for i in range(min(base + 9, room))]
+    prompts = [ScheduledRequest("a", short, 0, [0])]
+    if slots > 1:
+        prompts.append(ScheduledRequest("b", long, 0, [1]))
+    first = runner.execute(prompts)["a"]
     items = [ScheduledRequest("a", [int(first.argmax())], len(short), [0])]
     if slots > 1:
-        runner.execute([ScheduledRequest("b", long, 0, [1])])
         items.append(ScheduledRequest("b", [long[0]], len(long), [1]))
-    shared = runner.execute(items)["a"]
+    shared = runner.execute(items)["a"].copy()
     whole = [*short, int(first.argmax())]
     alone = runner.execute([ScheduledRequest("c", whole, 0, [min(2, slots - 1)])]).rows[0]
     half = runner.storage.layout.dtype.itemsize < 4

@@ -113,9 +113,20 @@ class SlotStorage:
                 else:
                     _device_copy(dst, src, size)
 
+    def synchronize(self) -> None:
+        """Wait for the moves' copies: a device-to-device cudaMemcpy returns before it
+        lands, on the legacy stream, which ONNX Runtime's non-blocking compute stream does
+        not wait for."""
+        if self.device != "cpu":
+            from cuda.bindings import runtime as cudart
+
+            from tensord.cuda.runtime import check
+
+            check(cudart.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
 
 def _device_copy(dst: int, src: int, nbytes: int) -> None:
-    """A device-to-device copy, finished when this returns (the next pass reads it)."""
+    """A device-to-device copy (queued: SlotStorage.synchronize waits for it)."""
     from cuda.bindings import runtime as cudart
 
     from tensord.cuda.runtime import check

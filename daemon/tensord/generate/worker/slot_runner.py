@@ -54,16 +54,23 @@ class SlotRunner:
         vocab_size: int,
         has_position_ids: bool = False,
         pad_prompts: bool = True,
+        max_pass_tokens: int = 2048,
     ) -> None:
         """`pad_prompts`: whether first prompts of different lengths may share a pass
-        right-padded (not for a model whose layers have window-sized caches)."""
+        right-padded (not for a model whose layers have window-sized caches).
+        `max_pass_tokens` bounds rows x width of such a pass (padding counted: a builder
+        graph computes logits for every position)."""
         self._session = session
         self.storage = storage
         self._logits_dtype = logits_dtype
         self._vocab = vocab_size
         self._positions = has_position_ids
-        self._decode_bindings: dict[tuple[int, int], tuple[Any, np.ndarray]] = {}
-        """Per (first slot, rows): a binding with the slots bound, and its logits buffer."""
+        self._decode_bindings: dict[tuple[int, int], Any] = {}
+        """Per (first slot, rows): a binding with the slots bound (logits into their rows
+        of _logits)."""
+        self._logits = np.empty((storage.num_slots, 1, vocab_size), logits_dtype)
+        """Decode logits, row s for slot s: one buffer whatever the runs."""
+        self._max_pass_tokens = max_pass_tokens
         self._prefill_bindings: dict[tuple[int, int], Any] = {}
         self.stats = PassStats()
         self._before_run: Callable[[], None] | None = None
@@ -73,9 +80,12 @@ class SlotRunner:
         positions)."""
 
     def apply_moves(self, moves: Sequence[SlotMove]) -> None:
-        """Copy the bytes of sequences the slot manager moved down, in order."""
+        """Copy the bytes of sequences the slot manager moved down, in order; done when
+        this returns (on a device too: the next pass may run on another stream)."""
         for move in moves:
             self.storage.move(move.source, move.target)
+        if moves:
+            self.storage.synchronize()
 
     def execute(
         self, items: Sequence[ScheduledRequest], before_run: Callable[[], None] | None = None
@@ -86,10 +96,11 @@ class SlotRunner:
         decodes = [item for item in items if is_decode(item)]
         prefills = [item for item in items if not is_decode(item)]
         firsts = [item for item in prefills if item.start_pos == 0]
-        parts = [self._prefill(run) for run in _slot_runs(firsts, self._first_prompts_join)]
+        runs = _slot_runs(firsts, self._first_prompts_join, self._max_pass_tokens)
+        parts = [self._prefill(run) for run in runs]
         parts += [self._prefill([item]) for item in prefills if item.start_pos > 0]
         if decodes:
-            parts += [self._decode_run(run) for run in _slot_runs(decodes, _always)]
+            parts += [self._decode_run(run) for run in _slot_runs(decodes, _always, None)]
         return StepLogits.join(parts)
 
     def reset(self) -> None:
@@ -147,22 +158,20 @@ class SlotRunner:
         wanted = [row for row, item in enumerate(items) if item.sample]
         if not wanted:
             return StepLogits([], np.zeros((0, self._vocab), self._logits_dtype))
-        logits = binding.get_outputs()[0].numpy()
-        return StepLogits(
-            [items[row].request_id for row in wanted], logits[wanted, counts[wanted] - 1]
-        )
+        rows_out = binding.get_outputs()[0].numpy()[wanted, counts[wanted] - 1]  # a copy
+        binding.bind_output("logits", "cpu")  # the binding lets the whole output go
+        return StepLogits([items[row].request_id for row in wanted], rows_out)
 
-    def _decode_binding(self, first: int, rows: int) -> tuple[Any, np.ndarray]:
-        found = self._decode_bindings.get((first, rows))
-        if found is None:
+    def _decode_binding(self, first: int, rows: int) -> Any:
+        binding = self._decode_bindings.get((first, rows))
+        if binding is None:
             binding = self._session.io_binding()
             self._bind_slots(binding, first, rows)
-            logits = np.empty((rows, 1, self._vocab), self._logits_dtype)
-            binding.bind_output(
-                "logits", "cpu", 0, logits.dtype, list(logits.shape), logits.ctypes.data
-            )
-            found = self._decode_bindings[(first, rows)] = (binding, logits)
-        return found
+            address = self._logits.ctypes.data + first * self._logits[0].nbytes
+            shape = [rows, 1, self._vocab]
+            binding.bind_output("logits", "cpu", 0, self._logits.dtype, shape, address)
+            self._decode_bindings[(first, rows)] = binding
+        return binding
 
     def _decode_run(self, items: Sequence[ScheduledRequest]) -> StepLogits:
         """One pass over the consecutive slots of `items` (sorted by slot)."""
@@ -171,15 +180,17 @@ class SlotRunner:
         lengths = np.fromiter((item.start_pos for item in items), np.int64, rows)
         counts = lengths + 1
         mask = (np.arange(int(counts.max()))[None, :] < counts[:, None]).astype(np.int64)
-        binding, logits = self._decode_binding(first, rows)
+        binding = self._decode_binding(first, rows)
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("attention_mask", mask)
         if self._positions:
             binding.bind_cpu_input("position_ids", lengths[:, None].copy())
         self._run(binding, rows)
-        # A view of the binding's buffer: the engine samples from it before the next pass
-        # of this binding overwrites it (StepLogits.join copies when a step has several).
-        return StepLogits([item.request_id for item in items], logits[:, 0])
+        # A view of the slots' rows of the logits buffer: the engine samples from it before
+        # the next step's passes write it (StepLogits.join copies when a step has several).
+        return StepLogits(
+            [item.request_id for item in items], self._logits[first : first + rows, 0]
+        )
 
 
 def _always(_a: ScheduledRequest, _b: ScheduledRequest) -> bool:
@@ -191,18 +202,29 @@ def _equal_lengths(a: ScheduledRequest, b: ScheduledRequest) -> bool:
 
 
 def _slot_runs(
-    items: Sequence[ScheduledRequest], joins: Callable[[ScheduledRequest, ScheduledRequest], bool]
+    items: Sequence[ScheduledRequest],
+    joins: Callable[[ScheduledRequest, ScheduledRequest], bool],
+    max_cells: int | None,
 ) -> list[list[ScheduledRequest]]:
-    """`items` sorted by slot, cut into runs of consecutive slots (and where `joins` says
-    two neighbours cannot share a pass)."""
+    """`items` sorted by slot, cut into runs of consecutive slots, and where `joins` says
+    two neighbours cannot share a pass or the run's rows x widest would pass `max_cells`."""
     ordered = sorted(items, key=lambda item: item.block_ids[0])
     runs: list[list[ScheduledRequest]] = []
+    widest = 0
     for item in ordered:
         last = runs[-1][-1] if runs else None
-        if last is not None and item.block_ids[0] == last.block_ids[0] + 1 and joins(last, item):
+        width = max(widest, len(item.token_ids))
+        if (
+            last is not None
+            and item.block_ids[0] == last.block_ids[0] + 1
+            and joins(last, item)
+            and (max_cells is None or (len(runs[-1]) + 1) * width <= max_cells)
+        ):
             runs[-1].append(item)
+            widest = width
         else:
             runs.append([item])
+            widest = len(item.token_ids)
     return runs
 
 
