@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -20,11 +22,15 @@ def opened() -> tuple[GeneratorSpec, SlotSession]:
     return spec, open_slot_session(spec, ModelConfig())
 
 
-def _runner(opened: tuple[GeneratorSpec, SlotSession], slots: int) -> SlotRunner:
+def _runner(opened: tuple[GeneratorSpec, SlotSession], slots: int, **options: Any) -> SlotRunner:
     spec, session = opened
     storage = SlotStorage(slot_layout(spec, 64), slots)
     return SlotRunner(
-        session.backend, storage, logits_dtype=session.logits_dtype, vocab_size=spec.vocab_size
+        session.backend,
+        storage,
+        logits_dtype=session.logits_dtype,
+        vocab_size=spec.vocab_size,
+        **options,
     )
 
 
@@ -76,14 +82,7 @@ def test_first_prompts_share_one_pass_right_padded(opened) -> None:  # type: ign
 
 
 def test_without_padding_only_equal_prompts_share_a_pass(opened) -> None:  # type: ignore[no-untyped-def]
-    spec, session = opened
-    runner = SlotRunner(
-        session.backend,
-        SlotStorage(slot_layout(spec, 64), 4),
-        logits_dtype=session.logits_dtype,
-        vocab_size=spec.vocab_size,
-        pad_prompts=False,
-    )
+    runner = _runner(opened, 4, pad_prompts=False)
     prompts = [[5, 6, 7], [8, 9, 10], [11, 12], [13, 14]]
     runner.execute([ScheduledRequest(str(s), p, 0, [s]) for s, p in enumerate(prompts)])
     assert (runner.stats.passes, runner.stats.max_sequences) == (2, 2)
@@ -91,14 +90,7 @@ def test_without_padding_only_equal_prompts_share_a_pass(opened) -> None:  # typ
 
 def test_a_padded_pass_stays_within_the_token_budget(opened) -> None:  # type: ignore[no-untyped-def]
     """One long prompt among short ones: rows x width of a pass stays within budget."""
-    spec, session = opened
-    runner = SlotRunner(
-        session.backend,
-        SlotStorage(slot_layout(spec, 64), 4),
-        logits_dtype=session.logits_dtype,
-        vocab_size=spec.vocab_size,
-        max_pass_tokens=40,
-    )
+    runner = _runner(opened, 4, max_pass_tokens=40)
     prompts = [[5] * 30, [6, 7], [8, 9], [10, 11]]
     runner.execute([ScheduledRequest(str(s), p, 0, [s]) for s, p in enumerate(prompts)])
     assert (runner.stats.passes, runner.stats.max_sequences) == (2, 3)  # 1 x 30, 3 x 2
