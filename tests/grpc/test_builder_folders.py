@@ -26,6 +26,9 @@ SERVED = ["llama", "qwen2", "qwen3", "mistral_sw16", "qwen2_sw8", "phi3", "gemma
 """mistral_sw16 windows every layer (16), qwen2_sw8 and gemma2 one layer (8), gemma3 its
 sliding layers: all shorter than the longest sequences here."""
 TWO_SLOTS = "llama_2slots"
+CHUNKED = "gemma2_chunked"
+"""gemma2 (a window of 8 on layer 0) with a step budget of 8 tokens: prompts longer than
+the budget and than the window prefill into their slots in chunks."""
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,10 @@ def server(
     shutil.copytree(built["llama"].path, repo / TWO_SLOTS)
     (repo / TWO_SLOTS / "model.toml").write_text(
         "[generator]\nmax_num_seqs = 2\nmax_model_len = 128\n"
+    )
+    shutil.copytree(built["gemma2"].path, repo / CHUNKED)
+    (repo / CHUNKED / "model.toml").write_text(
+        "[generator]\nmax_num_seqs = 4\nmax_num_batched_tokens = 8\n"
     )
     srv = serve(repo)
     yield srv
@@ -238,3 +245,24 @@ def test_sampling_logprobs_and_stop_strings_on_slots(server: ServerThread) -> No
         assert greedy.startswith(text) and stop not in text
         assert stopped[-1].finish_reason is not None
         assert stopped[-1].finish_reason.name.lower().endswith("stop")
+
+
+def test_long_prompts_prefill_into_their_slots_in_chunks(
+    server: ServerThread, built: dict[str, BuiltModel]
+) -> None:
+    """Prompts of 13 to 40 tokens with a step budget of 8: chunks over several steps (the
+    window-sized layer's cache wraps inside a prompt), alone and three at once, each with
+    transformers' tokens."""
+    from tensord_client import Client
+
+    runs = [r for r in built["gemma2"].reference_runs() if len(r.prompt) > 8]
+    with Client(server.target, timeout=60, retries=0) as client:
+        assert _status(client, CHUNKED).generator.max_num_batched_tokens == 8
+        for run in runs:
+            tokens = _generate(
+                client, CHUNKED, list(run.prompt), len(run.tokens), threading.Event()
+            )
+            assert len(tokens) == len(run.tokens) and run.check(tokens) > 0
+        streams = _in_waves(client, CHUNKED, runs, waves=1)
+        for run, tokens in zip(runs, streams, strict=True):
+            run.check(tokens)
