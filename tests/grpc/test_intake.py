@@ -274,7 +274,12 @@ def test_a_drain_is_not_held_by_calls_waiting_for_their_message(demo_repo: Path)
     srv = serve(demo_repo)  # the default 30 s to receive
     with RawConnection(srv.target) as conn:
         waiting = conn.start(PREDICT)
-        conn.pump(0.3)  # the call has reached its handler
+        # A call answered after it on the same connection: the server has taken both in,
+        # in order, so the waiting call is in its handler (a fixed pause was not enough on
+        # a loaded host: a call not yet handed to a handler is cancelled by the stop).
+        probe = conn.start(HEALTH)
+        conn.send(probe, b"\0\0\0\0\0", end_stream=True)
+        assert conn.wait(probe, timeout=10).status == 0
         stopper = threading.Thread(target=srv.stop, kwargs={"grace": 20.0})
         start = time.monotonic()
         stopper.start()
