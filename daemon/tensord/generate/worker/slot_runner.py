@@ -9,11 +9,12 @@ writes the new keys and values in place and a step moves only token ids, the mas
 logits.
 
 A step runs:
-  * prompts that start this step (their slots are consecutive: they were admitted
-    together) in one pass, right-padded, each row's mask counting its own length (only
-    equal lengths share a pass where a layer's cache is window-sized: padding would take
-    window positions); a chunk that continues a prompt over its past at batch 1 (a
-    multi-token step over an existing past cannot share a pass);
+  * prompts that start this step (admitted together into the consecutive free slots
+    above the held ones) in one pass, right-padded, each row's mask counting its own
+    length, rows x width within max_pass_tokens (only equal lengths share a pass where a
+    layer's cache is window-sized: padding would take window positions); a chunk that
+    continues a prompt over its past at batch 1 (a multi-token step over an existing past
+    cannot share a pass);
   * one decode pass over the decoding slots, which the slot manager keeps packed low. A
     held slot that does not decode this step (its prompt is still being prefilled, or it
     sampled its first token this step) is never written: it splits the pass into runs of
