@@ -23,7 +23,6 @@ with every step's top-2 logit gap. Nothing is downloaded (HF_HUB_OFFLINE=1).
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import os
@@ -46,31 +45,24 @@ for _name, _value in (
     os.environ.setdefault(_name, _value)
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "daemon"))
+sys.path[:0] = [str(REPO), str(REPO / "daemon")]
 
 import torch  # noqa: E402
-import transformers  # noqa: E402
 from onnxruntime_genai.models.builder import create_model, parse_extra_options  # noqa: E402
 
-from tensord.demo.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, build_tokenizer  # noqa: E402
+from tests.hf_families import Family, build_model, greedy_steps, hf_tokenizer  # noqa: E402
 
 BUILDER_FILES = ("genai_config.json", "model.onnx", "tokenizer.json", "tokenizer_config.json")
 """What every builder folder must hold (model.onnx.data too when the weights are external)."""
 
 
 def save_hf_model(spec: dict[str, Any], hf_dir: Path) -> Any:
-    """The spec's seeded random-weight model, saved with the demo tokenizer to hf_dir."""
-    config = getattr(transformers, spec["config_class"])(**spec["kwargs"])
-    torch.manual_seed(spec.get("seed", 0))
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    """The spec's seeded random-weight model, saved with the demo tokenizer to hf_dir (as
+    tests/hf_families builds the Optimum tests' models)."""
+    family = Family(spec["name"], spec["config_class"], spec["kwargs"])
+    model = build_model(family, spec.get("seed", 0))
     model.save_pretrained(hf_dir)
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(),
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-    )
-    tokenizer.save_pretrained(hf_dir)
+    hf_tokenizer().save_pretrained(hf_dir)
     return model
 
 
@@ -104,37 +96,6 @@ def run_builder(spec: dict[str, Any], hf_dir: Path, out_dir: Path, cache_dir: Pa
         raise RuntimeError(f"{spec['name']}: the builder left out {', '.join(missing)}")
 
 
-def greedy_reference(model: Any, prompts: list[list[int]], new_tokens: int) -> list[dict]:
-    """transformers' generate(do_sample=False) for each prompt alone: the tokens and each
-    step's top-2 logit gap and largest logit, as tests/hf_families.transformers_greedy
-    computes them (no end-of-sequence id: an EOS may be picked and the run goes on)."""
-    config = copy.deepcopy(model.generation_config)
-    config.eos_token_id = None
-    config.pad_token_id = 0
-    config.do_sample = False
-    runs = []
-    for prompt in prompts:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
-                generation_config=config,
-                max_new_tokens=new_tokens,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
-        top2 = [torch.topk(step[0].double(), 2).values for step in out.scores]
-        runs.append(
-            {
-                "prompt": list(prompt),
-                "tokens": out.sequences[0, len(prompt) :].tolist(),
-                "top2_gaps": [float(t[0] - t[1]) for t in top2],
-                "max_logits": [float(t[0]) for t in top2],
-            }
-        )
-    return runs
-
-
 def build_one(spec: dict[str, Any], root: Path) -> None:
     """One model: the transformers checkpoint, its builder folder and its reference."""
     name = spec["name"]
@@ -144,7 +105,7 @@ def build_one(spec: dict[str, Any], root: Path) -> None:
         model = save_hf_model(spec, hf_dir)
     run_builder(spec, hf_dir, out_dir, root / ".builder-cache")
     if spec.get("prompts"):
-        runs = greedy_reference(model, spec["prompts"], spec["new_tokens"])
+        runs = greedy_steps(model, spec["prompts"], spec["new_tokens"])
         reference = {"name": name, "new_tokens": spec["new_tokens"], "runs": runs}
         (root / f"{name}.reference.json").write_text(json.dumps(reference, indent=1))
 

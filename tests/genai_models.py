@@ -57,6 +57,8 @@ GENAI_VENV = REPO / "build" / "genai-venv"
 MODELS_ROOT = REPO / "build" / "genai-models"
 REQUIREMENTS = REPO / "tests" / "genai_requirements.txt"
 BUILD_SCRIPT = REPO / "tests" / "genai_build.py"
+HF_FAMILIES_FILE = REPO / "tests" / "hf_families.py"
+"""The build's model, tokenizer and reference code (tests/genai_build.py imports it)."""
 DEMO_TOKENIZER = REPO / "daemon" / "tensord" / "demo" / "tokenizer.py"
 _STAMP = ".requirements.sha256"
 _OUTPUT_TAIL = 60
@@ -135,16 +137,7 @@ def load_reference(path: Path) -> list[ReferenceRun]:
     from tests.generate_reference import ReferenceRun
 
     data = json.loads(path.read_text())
-    return [
-        ReferenceRun(
-            tuple(run["prompt"]),
-            tuple(run["tokens"]),
-            tuple(run["top2_gaps"]),
-            tuple(run["max_logits"]),
-            tie_gap=TRANSFORMERS_TIE,
-        )
-        for run in data["runs"]
-    ]
+    return [ReferenceRun.from_record(run, TRANSFORMERS_TIE) for run in data["runs"]]
 
 
 @contextmanager
@@ -209,7 +202,9 @@ def genai_python(venv_dir: Path = GENAI_VENV) -> Path:
 def models_key(models: Sequence[dict[str, Any]]) -> str:
     """The cache key of one build: the specs and everything that shapes the folders."""
     specs = json.dumps(models, sort_keys=True).encode()
-    sources = [p.read_bytes() for p in (BUILD_SCRIPT, DEMO_TOKENIZER, REQUIREMENTS)]
+    sources = [
+        p.read_bytes() for p in (BUILD_SCRIPT, HF_FAMILIES_FILE, DEMO_TOKENIZER, REQUIREMENTS)
+    ]
     return _digest(specs, *sources)[:16]
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -51,6 +52,17 @@ class ReferenceRun:
     tie_gap: float | None = None
     """An absolute top-2 gap below which a step is a near tie; None: NEAR_TIE of the
     largest logit's magnitude."""
+
+    @classmethod
+    def from_record(cls, run: Mapping[str, Any], tie_gap: float | None = None) -> ReferenceRun:
+        """A run from its plain record (hf_families.greedy_steps, a reference.json)."""
+        return cls(
+            tuple(run["prompt"]),
+            tuple(run["tokens"]),
+            tuple(run["top2_gaps"]),
+            tuple(run["max_logits"]),
+            tie_gap=tie_gap,
+        )
 
     def near_tie(self, step: int) -> bool:
         """Whether step's top two logits are within tie_gap (or NEAR_TIE of the largest's

@@ -312,17 +312,16 @@ class ExportCache:
         return self.root / f"{name}-pytorch"
 
 
-def transformers_greedy(model: Any, prompts: list[list[int]], new_tokens: int) -> list[Any]:
-    """transformers' generate(do_sample=False) for each prompt alone, as ReferenceRuns
-    (tokens and each step's top-2 gap) that tensord's streams are checked against.
+def greedy_steps(model: Any, prompts: list[list[int]], new_tokens: int) -> list[dict[str, Any]]:
+    """transformers' generate(do_sample=False) for each prompt alone, as plain records: the
+    prompt, the tokens, and each step's top-2 logit gap and largest logit (torch alone, so
+    the genai venv's tests/genai_build.py runs it too).
 
     No end-of-sequence id, as ignore_eos asks of tensord: an EOS may be picked and the run
     goes on (min_new_tokens would instead forbid EOS, which ignore_eos does not)."""
     import copy
 
     import torch
-
-    from tests.generate_reference import ReferenceRun
 
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None
@@ -339,15 +338,24 @@ def transformers_greedy(model: Any, prompts: list[list[int]], new_tokens: int) -
                 output_scores=True,
                 return_dict_in_generate=True,
             )
-        scores = [step[0].double() for step in out.scores]
-        top2 = [torch.topk(s, 2).values for s in scores]
+        top2 = [torch.topk(step[0].double(), 2).values for step in out.scores]
         runs.append(
-            ReferenceRun(
-                tuple(prompt),
-                tuple(out.sequences[0, len(prompt) :].tolist()),
-                tuple(float(t[0] - t[1]) for t in top2),
-                tuple(float(t[0]) for t in top2),
-                tie_gap=TRANSFORMERS_TIE,
-            )
+            {
+                "prompt": list(prompt),
+                "tokens": out.sequences[0, len(prompt) :].tolist(),
+                "top2_gaps": [float(t[0] - t[1]) for t in top2],
+                "max_logits": [float(t[0]) for t in top2],
+            }
         )
     return runs
+
+
+def transformers_greedy(model: Any, prompts: list[list[int]], new_tokens: int) -> list[Any]:
+    """greedy_steps as ReferenceRuns that tensord's streams are checked against, with
+    transformers' near-tie threshold."""
+    from tests.generate_reference import ReferenceRun
+
+    return [
+        ReferenceRun.from_record(run, TRANSFORMERS_TIE)
+        for run in greedy_steps(model, prompts, new_tokens)
+    ]
