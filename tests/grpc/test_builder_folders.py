@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import ServerThread, serve
 from tests.genai_models import NEW_TOKENS, BuiltModel, build_families
 from tests.generate_reference import ReferenceRun
+from tests.generate_streams import greedy_tokens, in_waves, model_status
 
 SERVED = ["llama", "qwen2", "qwen3", "mistral_sw16", "qwen2_sw8", "phi3", "gemma2", "gemma3"]
 """mistral_sw16 windows every layer (16), qwen2_sw8 and gemma2 one layer (8), gemma3 its
@@ -56,55 +57,14 @@ def server(
     srv.stop()
 
 
-def _generate(
-    client, model: str, prompt: list[int], new_tokens: int, first: threading.Event
-) -> list[int]:  # type: ignore[no-untyped-def]
-    tokens: list[int] = []
-    for chunk in client.generate(
-        model, token_ids=prompt, max_tokens=new_tokens, temperature=0, ignore_eos=True
-    ):
-        tokens.extend(chunk.token_ids)
-        first.set()
-    return tokens
-
-
-def _status(client, name: str):  # type: ignore[no-untyped-def]
-    (model,) = [m for m in client.info().models if m.name == name]
-    return model
-
-
 def _in_waves(client, name: str, runs: list[ReferenceRun], waves: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    """Every run's prompt as a stream, started in `waves` waves (a wave starts once the
-    streams before it have their first token); stream i asks for its reference's length
-    less 2i tokens, so streams leave at different steps and slots free below others."""
-    results: list[list[int]] = [[] for _ in runs]
-    errors: list[BaseException] = []
-    threads = []
+    """Every run's prompt as a stream, started in `waves` waves; stream i asks for its
+    reference's length less 2i tokens, so streams leave at different steps and slots free
+    below others."""
+    requests = [(run.prompt, len(run.tokens) - 2 * i) for i, run in enumerate(runs)]
     per_wave = -(-len(runs) // waves)
-    for start in range(0, len(runs), per_wave):
-        started = []
-        for i in range(start, min(start + per_wave, len(runs))):
-            first = threading.Event()
-
-            def run(i: int = i, first: threading.Event = first) -> None:
-                try:
-                    run_ = runs[i]
-                    length = len(run_.tokens) - 2 * i
-                    results[i] = _generate(client, name, list(run_.prompt), length, first)
-                except BaseException as exc:  # reported below
-                    errors.append(exc)
-                    first.set()
-
-            thread = threading.Thread(target=run)
-            thread.start()
-            threads.append(thread)
-            started.append(first)
-        for first in started:
-            assert first.wait(30), "a stream produced no token in 30 s"
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
-    return results
+    sizes = [min(per_wave, len(runs) - start) for start in range(0, len(runs), per_wave)]
+    return in_waves(client, name, requests, sizes)
 
 
 @pytest.mark.parametrize("name", SERVED)
@@ -116,11 +76,13 @@ def test_transformers_tokens_alone_and_in_waves(
     runs = built[name].reference_runs()
     assert len({len(r.prompt) for r in runs}) == len(runs) >= 6  # lengths all differ
     with Client(server.target, timeout=60, retries=0) as client:
-        status = _status(client, name).generator
+        status = model_status(client, name).generator
         assert (status.kv_path, status.batch_layout) == ("slots", "ragged"), status
         assert status.slot_bytes > 0 and status.kv_cache.total_blocks >= 6
         compared = sum(
-            run.check(_generate(client, name, list(run.prompt), len(run.tokens), threading.Event()))
+            run.check(
+                greedy_tokens(client, name, list(run.prompt), len(run.tokens), threading.Event())
+            )
             for run in runs
         )
         # Near ties are rare on these weights: nearly every token is compared.
@@ -128,9 +90,9 @@ def test_transformers_tokens_alone_and_in_waves(
         # Streams started at once do not always reach the server in one step on a loaded
         # host: up to three tries for a pass that three of them share.
         for _ in range(3):
-            before = _status(client, name).generator
+            before = model_status(client, name).generator
             streams = _in_waves(client, name, runs, waves=2)
-            after = _status(client, name).generator
+            after = model_status(client, name).generator
             lengths = [len(r.tokens) - 2 * i for i, r in enumerate(runs)]
             assert [len(s) for s in streams] == lengths
             for run, tokens in zip(runs, streams, strict=True):
@@ -149,7 +111,7 @@ def test_cuda_only_folder_is_refused_on_the_cpu(server: ServerThread) -> None:
     from tensord_client import Client
 
     with Client(server.target, timeout=60, retries=0) as client:
-        model = _status(client, "llama_bf16_cuda")
+        model = model_status(client, "llama_bf16_cuda")
         assert "built for cuda" in model.reason, model
         with pytest.raises(grpc.RpcError) as caught:
             list(client.generate("llama_bf16_cuda", token_ids=[5, 6], max_tokens=2))
@@ -166,11 +128,13 @@ def test_more_streams_than_slots_queue_and_all_finish(
 
     runs = built["llama"].reference_runs()[:6]
     with Client(server.target, timeout=60, retries=0) as client:
-        status = _status(client, TWO_SLOTS).generator
+        status = model_status(client, TWO_SLOTS).generator
         assert status.kv_cache.total_blocks == 2 and status.max_model_len == 128
         compared_alone = [
             run.check(
-                _generate(client, TWO_SLOTS, list(run.prompt), len(run.tokens), threading.Event())
+                greedy_tokens(
+                    client, TWO_SLOTS, list(run.prompt), len(run.tokens), threading.Event()
+                )
             )
             for run in runs
         ]
@@ -178,7 +142,7 @@ def test_more_streams_than_slots_queue_and_all_finish(
         for run, tokens in zip(runs, streams, strict=True):
             run.check(tokens)
         assert all(compared_alone)
-        after = _status(client, TWO_SLOTS).generator
+        after = model_status(client, TWO_SLOTS).generator
         assert after.max_pass_sequences == 2
         assert after.kv_cache.used_blocks == 0
 
@@ -190,13 +154,13 @@ def test_a_sequence_moved_into_a_freed_slot_goes_on_as_alone(server: ServerThrea
 
     prompt = [11, 23, 35, 47, 59]
     with Client(server.target, timeout=60, retries=0) as client:
-        alone = _generate(client, TWO_SLOTS, prompt, 100, threading.Event())
-        moves = _status(client, TWO_SLOTS).generator.slot_moves
+        alone = greedy_tokens(client, TWO_SLOTS, prompt, 100, threading.Event())
+        moves = model_status(client, TWO_SLOTS).generator.slot_moves
         first = client.generate(TWO_SLOTS, token_ids=[5, 6, 7], max_tokens=40, ignore_eos=True)
         next(first)  # slot 0 held
-        tokens = _generate(client, TWO_SLOTS, prompt, 100, threading.Event())  # slot 1
+        tokens = greedy_tokens(client, TWO_SLOTS, prompt, 100, threading.Event())  # slot 1
         assert tokens == alone
-        assert _status(client, TWO_SLOTS).generator.slot_moves == moves + 1
+        assert model_status(client, TWO_SLOTS).generator.slot_moves == moves + 1
         assert sum(len(chunk.token_ids) for chunk in first) == 39
 
 
@@ -212,12 +176,12 @@ def test_a_cancelled_stream_gives_its_slot_back(server: ServerThread) -> None:
             next(stream)
             stream.close()  # type: ignore[attr-defined]  # a generator: the call is cancelled
         deadline = time.monotonic() + 10
-        while _status(client, TWO_SLOTS).generator.kv_cache.used_blocks and (
+        while model_status(client, TWO_SLOTS).generator.kv_cache.used_blocks and (
             time.monotonic() < deadline
         ):
             time.sleep(0.05)
-        assert _status(client, TWO_SLOTS).generator.kv_cache.used_blocks == 0
-        assert len(_generate(client, TWO_SLOTS, [5, 6, 7], 4, threading.Event())) == 4
+        assert model_status(client, TWO_SLOTS).generator.kv_cache.used_blocks == 0
+        assert len(greedy_tokens(client, TWO_SLOTS, [5, 6, 7], 4, threading.Event())) == 4
 
 
 def test_sampling_logprobs_and_stop_strings_on_slots(server: ServerThread) -> None:
@@ -257,9 +221,9 @@ def test_long_prompts_prefill_into_their_slots_in_chunks(
 
     runs = [r for r in built["gemma2"].reference_runs() if len(r.prompt) > 8]
     with Client(server.target, timeout=60, retries=0) as client:
-        assert _status(client, CHUNKED).generator.max_num_batched_tokens == 8
+        assert model_status(client, CHUNKED).generator.max_num_batched_tokens == 8
         for run in runs:
-            tokens = _generate(
+            tokens = greedy_tokens(
                 client, CHUNKED, list(run.prompt), len(run.tokens), threading.Event()
             )
             assert len(tokens) == len(run.tokens) and run.check(tokens) > 0

@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import ServerThread, serve
 from tests.generate_reference import ReferenceRun
+from tests.generate_streams import greedy_tokens, in_waves, model_status
 from tests.hf_families import FAMILIES, ExportCache, build_model, transformers_greedy
 
 # Exporting traces PyTorch code: its tracer and deprecation warnings are not about tensord.
@@ -104,52 +105,10 @@ def server(
     srv.stop()
 
 
-def _generate(client, model: str, prompt: list[int], new_tokens: int, first: threading.Event):  # type: ignore[no-untyped-def]
-    tokens: list[int] = []
-    for chunk in client.generate(
-        model, token_ids=prompt, max_tokens=new_tokens, temperature=0, ignore_eos=True
-    ):
-        tokens.extend(chunk.token_ids)
-        first.set()
-    return tokens
-
-
 def _in_waves(client, family: Family) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """The family's streams started wave by wave; each stream's tokens."""
-    results: list[list[int]] = [[] for _ in family.prompts]
-    errors: list[BaseException] = []
-    threads: list[threading.Thread] = []
-    index = 0
-    for wave in WAVES:
-        started = []
-        for _ in wave:
-            first = threading.Event()
-
-            def run(i: int = index, first: threading.Event = first) -> None:
-                try:
-                    results[i] = _generate(
-                        client, family.name, family.prompts[i], NEW_TOKENS[i], first
-                    )
-                except BaseException as exc:  # reported below
-                    errors.append(exc)
-                    first.set()
-
-            thread = threading.Thread(target=run)
-            thread.start()
-            threads.append(thread)
-            started.append(first)
-            index += 1
-        for first in started:
-            assert first.wait(30), "a stream produced no token in 30 s"
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
-    return results
-
-
-def _status(client, name: str):  # type: ignore[no-untyped-def]
-    (model,) = [m for m in client.info().models if m.name == name]
-    return model
+    requests = list(zip(family.prompts, NEW_TOKENS, strict=True))
+    return in_waves(client, family.name, requests, [len(wave) for wave in WAVES])
 
 
 @pytest.mark.parametrize("name", SERVED)
@@ -160,14 +119,14 @@ def test_transformers_tokens_alone_and_in_waves(
 
     family = families[name]
     with Client(server.target, timeout=60, retries=0) as client:
-        status = _status(client, name).generator
+        status = model_status(client, name).generator
         layout = "equal_length" if name in EQUAL_LENGTH else "padded"
         assert status.batch_layout == layout, status.batch_layout_reason
         if name in REWRITTEN:
             assert "a position_ids input added at load" in status.batch_layout_reason
         compared = 0
         for prompt, n, reference in zip(family.prompts, NEW_TOKENS, family.references, strict=True):
-            compared += reference.check(_generate(client, name, prompt, n, threading.Event()))
+            compared += reference.check(greedy_tokens(client, name, prompt, n, threading.Event()))
         total = sum(NEW_TOKENS)
         # Near ties are rare on these weights: nearly every token is compared.
         assert compared >= 0.75 * total, compared
@@ -176,9 +135,9 @@ def test_transformers_tokens_alone_and_in_waves(
         # step, which two requests sent at once do not always do: up to three tries.
         least = 2 if name in EQUAL_LENGTH else 5
         for _ in range(3):
-            before = _status(client, name).generator
+            before = model_status(client, name).generator
             streams = _in_waves(client, family)
-            after = _status(client, name).generator
+            after = model_status(client, name).generator
             loaded = sum(
                 reference.check(tokens)
                 for reference, tokens in zip(family.references, streams, strict=True)
@@ -197,7 +156,7 @@ def test_keys_and_values_of_different_sizes_are_refused(server: ServerThread) ->
     from tensord_client import Client
 
     with Client(server.target, timeout=60, retries=0) as client:
-        model = _status(client, "deepseek_v3")
+        model = model_status(client, "deepseek_v3")
     assert model.state == 3  # FAILED
     assert "its keys have head size 24 and its values 16 (multi-head latent attention" in (
         model.reason
