@@ -55,7 +55,7 @@ def test_a_move_carries_the_cache_and_decoding_goes_on(opened) -> None:  # type:
     runner = _runner(opened, 3)
     first = runner.execute([ScheduledRequest("a", [5, 6, 7, 9], 0, [2])]).rows[0]
     token = int(first.argmax())
-    runner.apply_moves([SlotMove(2, 0)])
+    runner.storage.apply_moves([SlotMove(2, 0)])
     moved = runner.execute([ScheduledRequest("a", [token], 4, [0])]).rows[0]
     fresh = _runner(opened, 1)
     fresh.execute([ScheduledRequest("b", [5, 6, 7, 9], 0, [0])])

@@ -298,7 +298,7 @@ class GenerationEngine:
         if self._moves:  # slots freed below the top: their sequences move down first
             moves, self._moves = self._moves, []
             try:
-                self.runner.apply_moves(moves)  # type: ignore[attr-defined]
+                self.kv.apply_moves(moves)
             except Exception:
                 # The slot manager has rehomed them: whoever did not get its bytes, running
                 # this step or not, would decode over another's. End every held sequence.

@@ -65,6 +65,12 @@ class KVPath:
         """Slot moves to apply before the next step (none on the paged path)."""
         return self.slots.take_moves() if self.slots is not None else []
 
+    def apply_moves(self, moves: Sequence[SlotMove]) -> None:
+        """The bytes of `moves` (take_moves') copied, before the step that reads them."""
+        if moves:
+            assert isinstance(self.storage, SlotStorage), "moves come from slots only"
+            self.storage.apply_moves(moves)
+
     @property
     def slot_bytes(self) -> int:
         """One slot's bytes (0 on the paged path)."""

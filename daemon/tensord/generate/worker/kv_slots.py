@@ -14,12 +14,14 @@ window (plus slack) for a layer the builder gave a window-sized cache.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
 from tensord.errors import ModelLoadError
+from tensord.generate.core.slot_manager import SlotMove
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,23 +103,22 @@ class SlotStorage:
         assert isinstance(array, np.ndarray)
         return array
 
-    def move(self, source: int, target: int) -> None:
-        """Copy slot `source` into slot `target` in every layer (a sequence moved down)."""
-        for layer in range(self.layout.num_layers):
-            size = self.layout.layer_slab_bytes(layer)
-            for kind in (0, 1):
-                src, dst = self.address(layer, kind, source), self.address(layer, kind, target)
-                if self.device == "cpu":
-                    view = self.host_view(layer, kind)
-                    view[target] = view[source]
-                else:
-                    _device_copy(dst, src, size)
-
-    def synchronize(self) -> None:
-        """Wait for the moves' copies: a device-to-device cudaMemcpy returns before it
+    def apply_moves(self, moves: Sequence[SlotMove]) -> None:
+        """Copy each moved sequence's slot into its new one in every layer, in order; done
+        when this returns (on a device too: a device-to-device cudaMemcpy returns before it
         lands, on the legacy stream, which ONNX Runtime's non-blocking compute stream does
-        not wait for."""
-        if self.device != "cpu":
+        not wait for)."""
+        for move in moves:
+            for layer in range(self.layout.num_layers):
+                size = self.layout.layer_slab_bytes(layer)
+                for kind in (0, 1):
+                    if self.device == "cpu":
+                        view = self.host_view(layer, kind)
+                        view[move.target] = view[move.source]
+                    else:
+                        source = self.address(layer, kind, move.source)
+                        _device_copy(self.address(layer, kind, move.target), source, size)
+        if moves and self.device != "cpu":
             from cuda.bindings import runtime as cudart
 
             from tensord.cuda.runtime import check
@@ -126,7 +127,7 @@ class SlotStorage:
 
 
 def _device_copy(dst: int, src: int, nbytes: int) -> None:
-    """A device-to-device copy (queued: SlotStorage.synchronize waits for it)."""
+    """A device-to-device copy (queued: apply_moves waits for it)."""
     from cuda.bindings import runtime as cudart
 
     from tensord.cuda.runtime import check

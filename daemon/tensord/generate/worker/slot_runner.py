@@ -31,7 +31,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from tensord.generate.core.scheduler_output import ScheduledRequest
-from tensord.generate.core.slot_manager import SlotMove
 from tensord.generate.worker.kv_slots import SlotStorage
 from tensord.generate.worker.model_runner import PassStats, StepLogits, is_decode
 
@@ -79,14 +78,6 @@ class SlotRunner:
         """Whether two first prompts may share a pass: any lengths (right-padded), but
         only equal ones where a layer's cache is window-sized (padding would take window
         positions)."""
-
-    def apply_moves(self, moves: Sequence[SlotMove]) -> None:
-        """Copy the bytes of sequences the slot manager moved down, in order; done when
-        this returns (on a device too: the next pass may run on another stream)."""
-        for move in moves:
-            self.storage.move(move.source, move.target)
-        if moves:
-            self.storage.synchronize()
 
     def execute(
         self, items: Sequence[ScheduledRequest], before_run: Callable[[], None] | None = None
