@@ -27,7 +27,7 @@ from tensord.generate.model.slot_graph import RAGGED_REASON, SLOTS_REASON
 from tensord.generate.worker.kv_slots import SlotStorage
 from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 from tensord.generate.worker.model_runner import ModelRunner, PassStats, StepLogits
-from tensord.generate.worker.slot_runner import BoundSession, SlotRunner
+from tensord.generate.worker.slot_runner import SlotRunner
 from tensord.modelconfig.generator import BatchLayout, GeneratorLimits
 
 RunFn = Callable[[Mapping[str, np.ndarray], Sequence[str]], list[np.ndarray]]
@@ -108,24 +108,10 @@ def paged_kv_path(
     )
 
 
-def slot_kv_path(
-    session: BoundSession,
-    storage: SlotStorage,
-    spec: GeneratorSpec,
-    logits_dtype: np.dtype,
-    limits: GeneratorLimits,
-) -> KVPath:
-    """KV slots over `storage` (one per sequence) and the in-place runner."""
-    runner = SlotRunner(
-        session,
-        storage,
-        logits_dtype=logits_dtype,
-        vocab_size=spec.vocab_size,
-        has_position_ids=spec.has_position_ids,
-        pad_prompts=spec.genai is None or spec.genai.sliding_window is None,
-        max_pass_tokens=limits.max_num_batched_tokens,
-    )
-    slots = SlotManager(storage.num_slots, limits.max_model_len)
+def slot_kv_path(runner: SlotRunner, max_model_len: int) -> KVPath:
+    """KV slots of `runner`'s storage (one per sequence of up to max_model_len tokens)."""
+    storage = runner.storage
+    slots = SlotManager(storage.num_slots, max_model_len)
     return KVPath(
         name="slots",
         reason=SLOTS_REASON,

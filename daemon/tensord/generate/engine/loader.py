@@ -18,10 +18,13 @@ from tensord.generate.engine.engine import GenerationEngine
 from tensord.generate.engine.kv_paths import paged_kv_path, slot_kv_path
 from tensord.generate.model.model_dir import GeneratorDirectory, load_generator_dir
 from tensord.generate.model.serving_graph import open_serving_graph
-from tensord.generate.model.slot_graph import check_slots, open_slot_session, slot_layout
-from tensord.generate.worker.kv_slots import SlotStorage
+from tensord.generate.model.slot_graph import (
+    check_slots,
+    open_slot_session,
+    slot_layout,
+    slot_runner,
+)
 from tensord.generate.worker.model_runner import PassStats
-from tensord.generate.worker.slot_runner import SlotRunner
 from tensord.modelconfig.generator import GeneratorConfig
 from tensord.modelconfig.model import ModelConfig
 
@@ -85,15 +88,11 @@ def _slot_engine(
             slot_bytes=lambda length: slot_layout(spec, length, session.device).slot_bytes,
             budget_bytes=session.kv_budget_bytes,
         )
-        storage = SlotStorage(
-            slot_layout(spec, limits.max_model_len, session.device),
-            limits.num_blocks,
-            session.device,
-            session.backend.device_id,
+        runner = slot_runner(
+            session, spec, limits.max_model_len, limits.num_blocks, limits.max_num_batched_tokens
         )
-        kv = slot_kv_path(session.backend, storage, spec, session.logits_dtype, limits)
-        assert isinstance(kv.runner, SlotRunner)
-        check_slots(kv.runner, spec, limits.max_model_len)
+        check_slots(runner, spec, limits.max_model_len)
+        kv = slot_kv_path(runner, limits.max_model_len)
     except BaseException:
         session.backend.close()
         raise

@@ -21,9 +21,8 @@ from tensord.generate.model.slot_graph import (
     check_slots,
     open_slot_session,
     slot_layout,
+    slot_runner,
 )
-from tensord.generate.worker.kv_slots import SlotStorage
-from tensord.generate.worker.slot_runner import SlotRunner
 from tensord.modelconfig.generator import DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN, BatchLayout
 from tensord.modelconfig.model import ModelConfig
 
@@ -96,14 +95,7 @@ def _describe_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, An
     # real model's full slot takes gigabytes).
     checked = min(length, (window.window_size if window is not None else 0) + 16)
     try:
-        storage = SlotStorage(
-            slot_layout(spec, checked, session.device), 3, session.device,
-            session.backend.device_id,
-        )  # fmt: skip
-        check_slots(SlotRunner(session.backend, storage, logits_dtype=session.logits_dtype,
-                               vocab_size=spec.vocab_size,
-                               has_position_ids=spec.has_position_ids,
-                               pad_prompts=window is None), spec, checked)  # fmt: skip
+        check_slots(slot_runner(session, spec, checked, 3), spec, checked)
     except ModelLoadError as exc:
         report.update(servable=False, reason=str(exc))
         return report

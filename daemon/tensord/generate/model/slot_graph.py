@@ -23,7 +23,7 @@ from tensord.backends.onnxruntime import OnnxRuntimeBackend
 from tensord.errors import ModelLoadError
 from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.model.model_dir import GeneratorSpec
-from tensord.generate.worker.kv_slots import SlotLayout
+from tensord.generate.worker.kv_slots import SlotLayout, SlotStorage
 from tensord.generate.worker.model_runner import PassStats
 from tensord.generate.worker.slot_runner import SlotRunner
 from tensord.modelconfig.model import ModelConfig
@@ -122,6 +122,33 @@ def open_slot_session(
         free = _free_device_bytes(backend.device_id)
         budget = int(free * DEVICE_KV_FRACTION) if free else None
     return SlotSession(backend, device, logits.dtype.numpy, budget)
+
+
+def slot_runner(
+    session: SlotSession,
+    spec: GeneratorSpec,
+    max_model_len: int,
+    slots: int,
+    max_pass_tokens: int = 2048,
+) -> SlotRunner:
+    """A runner over `slots` fresh slots of max_model_len positions on the session's
+    device (prompts of different lengths share a pass unless a layer's cache is
+    window-sized)."""
+    storage = SlotStorage(
+        slot_layout(spec, max_model_len, session.device),
+        slots,
+        session.device,
+        session.backend.device_id,
+    )
+    return SlotRunner(
+        session.backend,
+        storage,
+        logits_dtype=session.logits_dtype,
+        vocab_size=spec.vocab_size,
+        has_position_ids=spec.has_position_ids,
+        pad_prompts=spec.genai is None or spec.genai.sliding_window is None,
+        max_pass_tokens=max_pass_tokens,
+    )
 
 
 def check_slots(runner: SlotRunner, spec: GeneratorSpec, max_model_len: int) -> None:
