@@ -102,12 +102,7 @@ class GeneratorConfig(Settings):
         model declares none, and max_model_len defaults to DEFAULT_CONTEXT_LENGTH), the
         pool's block count from its KV bytes per token. Raises ModelLoadError when they
         cannot work."""
-        max_model_len = self.max_model_len or context_length or DEFAULT_CONTEXT_LENGTH
-        if context_length is not None and max_model_len > context_length:
-            raise ModelLoadError(
-                f"[generator] max_model_len {max_model_len} exceeds the model's context "
-                f"length {context_length}"
-            )
+        max_model_len = self._max_model_len(context_length, context_length)
         block_bytes = kv_bytes_per_token * self.block_size
         if self.num_blocks is not None:
             num_blocks = self.num_blocks
@@ -121,16 +116,13 @@ class GeneratorConfig(Settings):
                 f"{max_model_len} tokens; raise kv_cache_bytes or num_blocks, or lower "
                 "max_model_len"
             )
-        return GeneratorLimits(
+        return self._limits(
+            max_model_len,
             block_size=self.block_size,
             num_blocks=num_blocks,
             block_bytes=block_bytes,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            max_queue_size=self.max_queue_size,
-            max_model_len=max_model_len,
-            intra_op_threads=self.intra_op_threads,
-            stream_interval=0 if self.stream_interval == "auto" else self.stream_interval,
             layout=None if self.batch_layout == "auto" else BatchLayout(self.batch_layout),
         )
 
@@ -153,12 +145,7 @@ class GeneratorConfig(Settings):
                 "slots (one per sequence): set kv_cache_bytes and max_num_seqs instead"
             )
         default_len = min(context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)
-        max_model_len = self.max_model_len or default_len
-        if context_length is not None and max_model_len > context_length:
-            raise ModelLoadError(
-                f"[generator] max_model_len {max_model_len} exceeds the model's context "
-                f"length {context_length}"
-            )
+        max_model_len = self._max_model_len(context_length, default_len)
         one = slot_bytes(max_model_len)
         budget = self.kv_cache_bytes or budget_bytes or DEFAULT_KV_CACHE_BYTES
         slots = min(self.max_num_seqs, budget // one)
@@ -173,16 +160,49 @@ class GeneratorConfig(Settings):
                 f"[generator] batch_layout {self.batch_layout!r} applies to the paged path; "
                 "on KV slots every sequence attends over its own slot, whatever its length"
             )
-        return GeneratorLimits(
+        return self._limits(
+            max_model_len,
             block_size=max_model_len,
             num_blocks=slots,
             block_bytes=one,
             max_num_seqs=slots,
             max_num_batched_tokens=max(self.max_num_batched_tokens, slots),
+        )
+
+    def _max_model_len(self, context_length: int | None, default: int | None) -> int:
+        """max_model_len as set, else `default` (else DEFAULT_CONTEXT_LENGTH), checked
+        against the model's context length."""
+        max_model_len = self.max_model_len or default or DEFAULT_CONTEXT_LENGTH
+        if context_length is not None and max_model_len > context_length:
+            raise ModelLoadError(
+                f"[generator] max_model_len {max_model_len} exceeds the model's context "
+                f"length {context_length}"
+            )
+        return max_model_len
+
+    def _limits(
+        self,
+        max_model_len: int,
+        *,
+        block_size: int,
+        num_blocks: int,
+        block_bytes: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        layout: BatchLayout | None = None,
+    ) -> GeneratorLimits:
+        """GeneratorLimits of these KV sizes, with the settings both paths take as set."""
+        return GeneratorLimits(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            block_bytes=block_bytes,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
             max_queue_size=self.max_queue_size,
             max_model_len=max_model_len,
             intra_op_threads=self.intra_op_threads,
             stream_interval=0 if self.stream_interval == "auto" else self.stream_interval,
+            layout=layout,
         )
 
 
