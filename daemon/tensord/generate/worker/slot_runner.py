@@ -130,29 +130,26 @@ class SlotRunner:
             binding.bind_output("logits", "cpu")  # first: get_outputs()[0]
             self._bind_slots(binding, first, rows)
             self._prefill_bindings[(first, rows)] = binding
-        else:  # a fresh output each run: the last one's shape would be kept
-            binding.bind_output("logits", "cpu")
         counts = np.fromiter((len(item.token_ids) for item in items), np.int64, rows)
         width = int(counts.max())
         ids = np.zeros((rows, width), np.int64)
         for row, item in enumerate(items):
             ids[row, : counts[row]] = item.token_ids
         start = items[0].start_pos  # 0 for a batch: only first prompts share a pass
-        columns = np.arange(start + width)[None, :]
         binding.bind_cpu_input("input_ids", ids)
-        binding.bind_cpu_input(
-            "attention_mask", (columns < (start + counts)[:, None]).astype(np.int64)
-        )
+        binding.bind_cpu_input("attention_mask", _mask(start + counts))
         if self._positions:
             positions = np.minimum(np.arange(width)[None, :], counts[:, None] - 1) + start
             binding.bind_cpu_input("position_ids", positions)
         self._run(binding, rows)
         wanted = [row for row, item in enumerate(items) if item.sample]
-        if not wanted:
-            return StepLogits([], np.zeros((0, self._vocab), self._logits_dtype))
-        rows_out = binding.get_outputs()[0].numpy()[wanted, counts[wanted] - 1]  # a copy
-        binding.bind_output("logits", "cpu")  # the binding lets the whole output go
-        return StepLogits([items[row].request_id for row in wanted], rows_out)
+        last = np.zeros((0, self._vocab), self._logits_dtype)
+        if wanted:
+            last = binding.get_outputs()[0].numpy()[wanted, counts[wanted] - 1]  # a copy
+        # A fresh output for the next run: the binding lets this one go (and would keep
+        # its shape, which the next run's need not have).
+        binding.bind_output("logits", "cpu")
+        return StepLogits([items[row].request_id for row in wanted], last)
 
     def _decode_binding(self, first: int, rows: int) -> Any:
         binding = self._decode_bindings.get((first, rows))
@@ -170,11 +167,9 @@ class SlotRunner:
         first, rows = items[0].block_ids[0], len(items)
         ids = np.fromiter((item.token_ids[0] for item in items), np.int64, rows)[:, None]
         lengths = np.fromiter((item.start_pos for item in items), np.int64, rows)
-        counts = lengths + 1
-        mask = (np.arange(int(counts.max()))[None, :] < counts[:, None]).astype(np.int64)
         binding = self._decode_binding(first, rows)
         binding.bind_cpu_input("input_ids", ids)
-        binding.bind_cpu_input("attention_mask", mask)
+        binding.bind_cpu_input("attention_mask", _mask(lengths + 1))
         if self._positions:
             binding.bind_cpu_input("position_ids", lengths[:, None].copy())
         self._run(binding, rows)
@@ -183,6 +178,12 @@ class SlotRunner:
         return StepLogits(
             [item.request_id for item in items], self._logits[first : first + rows, 0]
         )
+
+
+def _mask(counts: np.ndarray) -> np.ndarray:
+    """The attention mask [rows, max(counts)]: row r's first counts[r] columns 1. The
+    graph reads only each row's count (its length) and the width (the longest)."""
+    return (np.arange(int(counts.max()))[None, :] < counts[:, None]).astype(np.int64)
 
 
 def _always(_a: ScheduledRequest, _b: ScheduledRequest) -> bool:
