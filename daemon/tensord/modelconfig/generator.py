@@ -22,6 +22,11 @@ DEFAULT_CONTEXT_LENGTH = 2048
 with ALiBi have no table of positions)."""
 
 
+def slot_max_model_len(context_length: int | None) -> int:
+    """max_model_len on KV slots when [generator] sets none: min(context, 8192)."""
+    return min(context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)
+
+
 class BatchLayout(StrEnum):
     """How a step's sequences are grouped into model passes (safest last)."""
 
@@ -144,8 +149,7 @@ class GeneratorConfig(Settings):
                 "[generator] num_blocks sizes the paged KV pool; this model is served on KV "
                 "slots (one per sequence): set kv_cache_bytes and max_num_seqs instead"
             )
-        default_len = min(context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)
-        max_model_len = self._max_model_len(context_length, default_len)
+        max_model_len = self._max_model_len(context_length, slot_max_model_len(context_length))
         one = slot_bytes(max_model_len)
         budget = self.kv_cache_bytes or budget_bytes or DEFAULT_KV_CACHE_BYTES
         slots = min(self.max_num_seqs, budget // one)

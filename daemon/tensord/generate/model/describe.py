@@ -23,7 +23,7 @@ from tensord.generate.model.slot_graph import (
     slot_layout,
     slot_runner,
 )
-from tensord.modelconfig.generator import DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN, BatchLayout
+from tensord.modelconfig.generator import BatchLayout, slot_max_model_len
 from tensord.modelconfig.model import ModelConfig
 
 
@@ -89,7 +89,7 @@ def _describe_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, An
     except ModelLoadError as exc:
         report.update(servable=False, reason=str(exc))
         return report
-    length = min(spec.context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)
+    length = slot_max_model_len(spec.context_length)
     layout = slot_layout(spec, length, session.device)
     # The check's sequences are short: slots of their length, not of max_model_len (a
     # real model's full slot takes gigabytes).
