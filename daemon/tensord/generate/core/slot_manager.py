@@ -108,9 +108,6 @@ class SlotManager:
         slot = self._slot_of.get(request_id)
         return [] if slot is None else [slot]
 
-    def get_num_free_blocks(self) -> int:
-        return self.num_slots - self.num_used
-
     def stats(self) -> KVCacheStats:
         """Slots as blocks of slot_tokens tokens (what Info's kv_cache reports)."""
         used = self.num_used
@@ -123,6 +120,3 @@ class SlotManager:
             prefix_queries=0,
             prefix_hits=0,
         )
-
-    def reset_prefix_cache(self) -> bool:
-        return True
