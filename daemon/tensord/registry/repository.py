@@ -280,12 +280,6 @@ def _model_file_problem(path: Path, model_dir: Path, follow_symlinks: bool) -> s
     return ""
 
 
-def _holds_generator(directory: Path, model_file: str) -> bool:
-    return all((directory / n).is_file() for n in (model_file, *GENERATOR_MARKERS)) and any(
-        (directory / n).is_file() for n in GENERATOR_CONFIGS
-    )
-
-
 def _in_directory(config: ModelConfig, directory: Path) -> ModelConfig:
     """The config as it applies to one version directory: a model-builder folder names its
     decoder in genai_config.json (Microsoft's Phi-3 folders use long file names, and a CPU
@@ -302,8 +296,12 @@ def _resolve_kind(config: ModelConfig, on_disk: dict[int, Path]) -> ModelConfig:
     """The config with its kind decided and, for a generator, its [generator] defaults."""
     kind = config.kind
     if kind is None:
+        # Here, not at the top: model_dir brings onnx, which a frontend process importing
+        # the registry's types never needs.
+        from tensord.generate.model.model_dir import is_generator_dir
+
         detected = any(
-            _holds_generator(d, _in_directory(config, d).model_file) for d in on_disk.values()
+            is_generator_dir(d, _in_directory(config, d).model_file) for d in on_disk.values()
         )
         kind = "generator" if detected or config.generator is not None else "predict"
     if kind == "predict":

@@ -318,18 +318,21 @@ def _optional(directory: Path, name: str) -> Path | None:
 
 def _config_source(directory: Path, model_file: str) -> tuple[JsonFile, GenaiConfig | None]:
     """config.json (an Optimum export) or, without it, genai_config.json (a builder folder)
-    under config.json's field names; ModelLoadError naming what is missing."""
+    under config.json's field names; ModelLoadError naming what is missing, the model
+    file and tokenizer.json included."""
     genai_path = directory / GENAI_CONFIG_FILE
-    if not (directory / CONFIG_FILE).exists() and genai_path.exists():
-        genai = read_genai_config(genai_path)
-        return genai.config, genai
-    missing = [n for n in (model_file, CONFIG_FILE, TOKENIZER_FILE) if not (directory / n).exists()]
+    builder = not (directory / CONFIG_FILE).exists() and genai_path.exists()
+    needed = (model_file, TOKENIZER_FILE, *(() if builder else (CONFIG_FILE,)))
+    missing = [n for n in needed if not (directory / n).exists()]
     if missing:
         raise ModelLoadError(
             f"{directory}: a generator directory holds {model_file}, tokenizer.json and "
             f"config.json (an Optimum export) or genai_config.json (a model-builder folder); "
             f"{', '.join(missing)} is missing"
         )
+    if builder:
+        genai = read_genai_config(genai_path)
+        return genai.config, genai
     return JsonFile.read(directory / CONFIG_FILE, required=True), None
 
 
@@ -337,12 +340,6 @@ def load_generator_dir(directory: Path, model_file: str = MODEL_FILE) -> Generat
     """Read and check a generator directory; raises ModelLoadError naming file and field."""
     directory = Path(directory)
     config, genai = _config_source(directory, model_file)
-    missing = [n for n in (model_file, TOKENIZER_FILE) if not (directory / n).exists()]
-    if missing:
-        raise ModelLoadError(
-            f"{directory}: a generator directory holds {model_file} and tokenizer.json; "
-            f"{', '.join(missing)} is missing"
-        )
     model_path = directory / model_file
     if not model_path.is_file():  # the JSON files' reader refuses what is not a file
         raise ModelLoadError(f"{model_path} is not a regular file")
