@@ -54,7 +54,8 @@ def _write(tmp_path: Path, data: Any) -> Path:
 def test_a_published_folder_reads_as_config_json_would(tmp_path: Path) -> None:
     genai = read_genai_config(_write(tmp_path, PHI3))
     assert genai.filename.startswith("phi3-mini-4k-instruct-cpu-int4")
-    assert genai.model_type == "phi3" and genai.providers == () and genai.sliding_window is None
+    assert genai.config.str_or_empty("model_type") == "phi3"
+    assert genai.providers == () and genai.sliding_window is None
     config = genai.config
     assert config.require_int(("num_attention_heads",)) == 32
     assert config.require_int(("max_position_embeddings",)) == 4096

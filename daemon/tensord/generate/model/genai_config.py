@@ -54,8 +54,8 @@ class GenaiConfig:
     """genai_config.json, read and checked."""
 
     path: Path
-    model_type: str
     filename: str
+    """The decoder's ONNX file (model.decoder.filename)."""
     config: JsonFile
     """The decoder's shape and token ids under config.json's names (num_attention_heads,
     max_position_embeddings, eos_token_id, ...), for the checks both layouts share."""
@@ -145,10 +145,10 @@ def read_genai_config(path: Path) -> GenaiConfig:
     model = _object(data.get("model"), path, "model")
     decoder = _object(model.get("decoder"), path, "model.decoder")
     _check_names(decoder, path)
-    filename = decoder.get("filename", "model.onnx")
-    if not isinstance(filename, str) or not filename or "/" in filename:
+    filename = _filename(decoder)
+    if filename is None:
         raise ModelLoadError(
-            f"{path}: model.decoder.filename must be a file name, got {filename!r}"
+            f"{path}: model.decoder.filename must be a file name, got {decoder.get('filename')!r}"
         )
     config = JsonFile(path, _config_fields(model, decoder))
     for name in ("num_hidden_layers", "num_attention_heads", "head_dim"):
@@ -156,7 +156,6 @@ def read_genai_config(path: Path) -> GenaiConfig:
     search = data.get("search") or {}
     return GenaiConfig(
         path=path,
-        model_type=str(model.get("type") or ""),
         filename=filename,
         config=config,
         search=JsonFile(path, _object(search, path, "search")),
@@ -172,7 +171,12 @@ def builder_model_file(directory: Path) -> str | None:
     if not path.is_file():
         return None
     try:
-        filename = JsonFile.read(path).data["model"]["decoder"].get("filename", "model.onnx")
+        return _filename(JsonFile.read(path).data["model"]["decoder"])
     except Exception:  # whatever the file holds, the load says why; a scan goes on
         return None
+
+
+def _filename(decoder: dict[str, Any]) -> str | None:
+    """model.decoder.filename (default model.onnx) when it is a plain file name."""
+    filename = decoder.get("filename", "model.onnx")
     return filename if isinstance(filename, str) and filename and "/" not in filename else None
