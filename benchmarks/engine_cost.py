@@ -30,7 +30,7 @@ from null_model import build_null_repository
 
 from tensord import heap
 from tensord.config import load_config
-from tensord.dataplane import DataPlane, PredictCall
+from tensord.dataplane import DataPlane, LocalEngine, PredictCall
 from tensord.eventloop import run
 from tensord.procs.engine import EngineHost
 from tensord.procs.link import Link
@@ -50,10 +50,9 @@ async def data_plane_alone(dataplane: DataPlane, model: str, n: int, in_flight: 
     return (time.process_time() - start) / n * 1e6
 
 
-async def through_rings(dataplane: DataPlane, model: str, n: int, in_flight: int) -> float:
+async def through_rings(engine: LocalEngine, model: str, n: int, in_flight: int) -> float:
     requests, replies = Ring.create(1 << 24), Ring.create(1 << 24)
-    host = EngineHost(dataplane)
-    host.loaded = True
+    host = EngineHost(engine)
     host.add_frontend(0, Ring.attach(*_dup(replies)), Ring.attach(*_dup(requests)))
     waiting: dict[int, asyncio.Future[Any]] = {}
 
@@ -73,8 +72,8 @@ async def through_rings(dataplane: DataPlane, model: str, n: int, in_flight: int
             future = asyncio.get_running_loop().create_future()
             waiting[call_id] = future
             # As a frontend sends it: checked against version 1's signature already.
-            call = PredictCall(model, 0, [("input", INPUT)], ["output"], None, 1)
-            frontend.post(("predict", call_id, None, pack_call(call)))
+            call = PredictCall(model, 1, [("input", INPUT)], ["output"], None)
+            frontend.post(("predict", call_id, pack_call(call)))
             reply = await future
             assert reply[0] == "result", reply
             unpack_result(reply[2])
@@ -98,7 +97,8 @@ async def main_async(args: argparse.Namespace) -> None:
     root = Path(tempfile.mkdtemp(prefix="tensord-engine-cost-"))
     build_null_repository(root)
     config = load_config(None, env={}, overrides={"model_repository": str(root)})
-    dataplane = DataPlane.for_config(config)
+    engine = LocalEngine.for_config(config)
+    dataplane = DataPlane(engine, config)
     await dataplane.load_models()
     dataplane.serving = True
     heap.tune()
@@ -109,7 +109,7 @@ async def main_async(args: argparse.Namespace) -> None:
         await data_plane_alone(dataplane, model, args.requests // 4, args.in_flight)  # warm
         alone = min([await data_plane_alone(dataplane, model, args.requests, args.in_flight)
                      for _ in range(3)])  # fmt: skip
-        rings = min([await through_rings(dataplane, model, args.requests, args.in_flight)
+        rings = min([await through_rings(engine, model, args.requests, args.in_flight)
                      for _ in range(3)])  # fmt: skip
         print(f"| {model} | {alone:.1f} | {rings:.1f} |")
     await dataplane.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tensord.config import TensordConfig, load_config
+from tensord.dataplane import LocalEngine
 from tensord.server.notify import SystemdNotifier
 from tests.conftest import ServerThread
 from tests.notify_socket import NotifyListener
@@ -142,7 +143,8 @@ def test_every_setting_a_reload_cannot_apply_is_reported(
     config = server.server.config
     assert config.auth.token_file is None and not config.tracing.enabled
     assert config.limits.max_prompt_tokens == 50  # applied
-    assert server.server.dataplane.max_prompt_tokens == 50
+    engine = server.server.engine
+    assert isinstance(engine, LocalEngine) and engine.max_prompt_tokens == 50
 
 
 def test_a_reload_always_finishes_its_notification(config_file: Path, tmp_path: Path) -> None:

@@ -68,22 +68,32 @@ def test_errors_cross_with_their_status(exc: BaseException) -> None:
         assert again.retry_after_s == 1.5
 
 
-def test_generate_chunks_cross_whole() -> None:
-    from tensord.dataplane import RequestOutput, TokenLogprob
-    from tensord.generate.core.outputs import Usage
-    from tensord.procs.messages import pack_chunk, unpack_chunk
+def test_generate_outputs_and_requests_cross_whole() -> None:
+    from tensord.dataplane import EngineCoreRequest, TokenLogprob
+    from tensord.generate.core.outputs import EngineCoreOutput
+    from tensord.generate.core.request import RequestStatus
+    from tensord.generate.core.sampling_params import GenerationDefaults, SamplingParams
+    from tensord.procs.messages import pack_outputs, pack_request, unpack_output, unpack_request
 
-    chunks = [
-        RequestOutput("r1", 0, [5, 6], "ab", None, None, None),
-        RequestOutput(
-            "r1",
-            2,
+    outputs = [
+        EngineCoreOutput("m-1", [5, 6]),
+        EngineCoreOutput(
+            "m-2",
             [7],
-            "c",
+            RequestStatus.FINISHED_STOPPED,
+            None,
             [TokenLogprob(7, -0.5, ((7, -0.5), (3, -1.25)))],
-            "stop",
-            Usage(3, 3, 1.5, 0.25),
         ),
     ]
-    for chunk in chunks:
-        assert unpack_chunk(through(pack_chunk(chunk))) == chunk  # type: ignore[arg-type]
+    packed = through(pack_outputs(outputs, {"m-1": 11, "m-2": 12}))
+    back = [unpack_output(p) for p in packed]  # type: ignore[attr-defined]
+    assert [o.request_id for o in back] == ["11", "12"]  # the frontend's call ids
+    for got, sent in zip(back, outputs, strict=True):
+        assert got.new_token_ids == sent.new_token_ids
+        assert got.finish_status == sent.finish_status
+        assert got.new_logprobs == sent.new_logprobs
+    params = SamplingParams(max_tokens=4, stop=("x",)).resolve(
+        GenerationDefaults(), prompt_len=2, max_model_len=16, vocab_size=32
+    )
+    request = EngineCoreRequest("m", 2, [1, 2], params, 10.5, 3.25)
+    assert unpack_request(through(pack_request(request))) == request  # type: ignore[arg-type]

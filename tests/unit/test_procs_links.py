@@ -13,14 +13,13 @@ from tensord.procs.messages import pack_call
 from tensord.procs.ring import Ring
 
 
-class SlowPlane:
-    """The data plane calls an engine makes: a Predict that takes its time."""
+class SlowEngine:
+    """The LocalEngine calls an engine host makes: a Predict that takes its time."""
 
     def __init__(self) -> None:
         self.started = 0
-
-    def table(self, loaded: bool) -> ModelTable:
-        return ModelTable(loaded, Readiness(loaded, ""))
+        self.table = ModelTable(True, Readiness(True, ""))
+        self.on_table: Any = None
 
     async def predict(self, call: PredictCall) -> PredictResult:
         self.started += 1
@@ -36,12 +35,12 @@ def _host(plane: Any) -> tuple[EngineHost, Ring, Ring]:
 
 
 async def test_an_abort_read_with_its_call_leaves_no_task_behind() -> None:
-    plane = SlowPlane()
+    plane = SlowEngine()
     host, _requests, _replies = _host(plane)
     frontend = host.frontends[0]
     call = PredictCall("m", 0, [("x", np.zeros(4, np.float32))], [], None)
     # The call and its abort in one read of the ring: the task is cancelled before it runs.
-    frontend._received(("batch", [("predict", 7, None, pack_call(call)), ("abort", 7)]))
+    frontend._received(("batch", [("predict", 7, pack_call(call)), ("abort", 7)]))
     for _ in range(5):
         await asyncio.sleep(0)
     assert plane.started == 0
@@ -55,11 +54,10 @@ async def test_string_tensors_are_counted_at_their_size_in_the_ring() -> None:
     (the group was refused by the ring, every call in it lost)."""
     from tensord.config import TensordConfig
     from tensord.procs.messages import decode
-    from tensord.procs.remote import RemoteDataPlane
+    from tensord.procs.remote import RemoteEngine
 
     requests, replies = Ring.create(1 << 20), Ring.create(1 << 20)
-    remote = RemoteDataPlane(TensordConfig())
-    remote.serving = True
+    remote = RemoteEngine(TensordConfig())
     remote.attach(requests, replies)
     loop = asyncio.get_running_loop()
     failures: list[Any] = []

@@ -1,11 +1,15 @@
-"""The data plane: what each RPC does, in domain types (plane.py), and the types a
-transport converts its messages to and from (types.py). Nothing here knows protobuf."""
+"""The data plane: what each RPC does, in domain types (plane.py), over an engine client
+(engine_client.py; local.py runs the models in this process), and the types a transport
+converts its messages to and from (types.py). Nothing here knows protobuf."""
 
 from tensord.dataplane.admission import text_bytes
-from tensord.dataplane.plane import NOT_SERVING, DataPlane
+from tensord.dataplane.engine_client import EngineClient
+from tensord.dataplane.local import LocalEngine
+from tensord.dataplane.plane import GENERATOR, NOT_SERVING, PREDICT, DataPlane, WrongKindError
 from tensord.dataplane.types import (
     MAX_LOGPROBS,
     BatchingSnapshot,
+    EngineCoreRequest,
     EngineStats,
     ExecutorSnapshot,
     ExecutorStats,
@@ -32,17 +36,22 @@ from tensord.registry.changes import RepositoryChanges
 from tensord.registry.registry import BackendFactory, default_backend_factory
 
 __all__ = [
+    "GENERATOR",
     "MAX_LOGPROBS",
     "NOT_SERVING",
+    "PREDICT",
     "BackendFactory",
     "BatchingSnapshot",
     "DataPlane",
+    "EngineClient",
+    "EngineCoreRequest",
     "EngineStats",
     "ExecutorSnapshot",
     "ExecutorStats",
     "GenerateCall",
     "GeneratorSnapshot",
     "HealthReport",
+    "LocalEngine",
     "ModelHealth",
     "ModelSnapshot",
     "ModelState",
@@ -59,6 +68,7 @@ __all__ = [
     "TableEntry",
     "TensorSpec",
     "TokenLogprob",
+    "WrongKindError",
     "default_backend_factory",
     "text_bytes",
 ]

@@ -14,7 +14,6 @@ from tensord.dataplane.types import (
     BatchingSnapshot,
     ExecutorSnapshot,
     GeneratorSnapshot,
-    ModelHealth,
     ModelSnapshot,
 )
 from tensord.generate.engine.engine import GenerationEngine
@@ -24,11 +23,6 @@ POSTPROCESS_KINDS = frozenset({"topk", "nms"})
 """Processing steps that run on a model's outputs; the others run on its inputs."""
 GENERATOR_EXECUTOR = "cpu"
 """Where a generation engine's steps run: on the host (see model_runner.py)."""
-
-
-def model_health(mv: ModelVersion, redact: Callable[[str], str]) -> ModelHealth:
-    """One version's state; `redact` is what its failure reason may show this caller."""
-    return ModelHealth(mv.name, mv.version, mv.state, redact(mv.reason))
 
 
 def model_snapshot(mv: ModelVersion, redact: Callable[[str], str] = str) -> ModelSnapshot:

@@ -8,6 +8,7 @@ re-exported here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,15 +18,22 @@ from tensord.dataplane.admission import GeneratorEntry
 from tensord.devices import CpuReport, GpuReport
 from tensord.executor.base import ExecutorStats
 from tensord.generate.core.outputs import RequestOutput, TokenLogprob
-from tensord.generate.core.sampling_params import DEFAULT_MAX_LOGPROBS, SamplingParams
+from tensord.generate.core.sampling_params import (
+    DEFAULT_MAX_LOGPROBS,
+    ResolvedSamplingParams,
+    SamplingParams,
+)
 from tensord.generate.engine.engine import EngineStats
+from tensord.generate.model.hf_config import ChatTemplate
 from tensord.processing.host import ProcessingReport
 from tensord.registry.readiness import Readiness
+from tensord.registry.registry import not_found, pick_version
 from tensord.registry.version import ModelState, RequestStats
 
 __all__ = [
     "MAX_LOGPROBS",
     "BatchingSnapshot",
+    "EngineCoreRequest",
     "EngineStats",
     "ExecutorSnapshot",
     "ExecutorStats",
@@ -63,9 +71,6 @@ class PredictCall:
     output_names: list[str]
     deadline: float | None
     """time.monotonic() by which the answer is due, or None."""
-    validated_version: int = 0
-    """The version whose signature a frontend process checked `inputs` and
-    `output_names` against (then in signature order, all outputs named); 0: unchecked."""
 
 
 @dataclass(slots=True)
@@ -90,12 +95,22 @@ class GenerateCall:
     sampling: SamplingParams
     deadline: float | None
     arrival: float = 0.0
-    """time.monotonic() when the server received the request (0: when the engine admits
-    it); the stream's time to first token and inter-token times count from here."""
-    tokenized: list[int] | None = None
-    """The text prompt as token ids, when a frontend process tokenised it with the
-    tokenizer of version `tokenized_version` (the engine uses them for that version)."""
-    tokenized_version: int = 0
+    """time.monotonic() when the server received the request (0: when the data plane
+    takes it); the stream's time to first token and inter-token times count from here."""
+
+
+@dataclass(slots=True)
+class EngineCoreRequest:
+    """A Generate request as the data plane hands it to the engine: checked, tokenised,
+    its sampling parameters resolved, for one exact version."""
+
+    model: str
+    version: int
+    prompt_token_ids: list[int]
+    params: ResolvedSamplingParams
+    deadline: float | None
+    arrival: float
+    """time.monotonic() when the server received the request."""
 
 
 @dataclass(slots=True)
@@ -214,6 +229,8 @@ class TableEntry:
     prompt_prefix: tuple[int, ...] = ()
     """What a READY generator puts before a text prompt's tokens (its BOS, when it wants
     one)."""
+    chat_template: ChatTemplate | None = None
+    """A READY generator's chat template, if it has one."""
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
     max_batch_size: int = 0
@@ -222,13 +239,44 @@ class TableEntry:
 
 @dataclass(slots=True, frozen=True)
 class ModelTable:
-    """What the engine publishes to frontends whenever a version's state changes."""
+    """What the engine publishes whenever a version's state changes: the data plane
+    answers health, finds the version a call goes to and checks its request from it."""
 
     loaded: bool
     """The engine has loaded (or failed) every model of the repository once."""
     readiness: Readiness
     """The readiness policy's verdict on the versions' states."""
     versions: tuple[TableEntry, ...] = ()
+    by_name: dict[str, dict[int, TableEntry]] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+    """The versions by model name, then version."""
+
+    def __post_init__(self) -> None:
+        for entry in self.versions:
+            self.by_name.setdefault(entry.name, {})[entry.version] = entry
+
+    def find(self, name: str, version: int, redact: Callable[[str], str]) -> TableEntry:
+        """The version a call for (`name`, `version`) goes to, as the registry picks it
+        (registry.pick_version): NOT_FOUND, UNAVAILABLE or FAILED_PRECONDITION when none."""
+        return pick_version(name, self.by_name.get(name), version, redact, self.names)
+
+    def names(self) -> list[str]:
+        return sorted(self.by_name)
+
+    def counts(self) -> dict[str, int]:
+        """Versions by state: {"loading": 0, "ready": 2, "failed": 1, "unloading": 0}."""
+        counts = {state.name.lower(): 0 for state in ModelState}
+        for e in self.versions:
+            counts[e.state.name.lower()] += 1
+        return counts
+
+    def named(self, name: str) -> list[TableEntry]:
+        """Every version of one model, oldest first; NOT_FOUND for an unknown name."""
+        versions = self.by_name.get(name)
+        if versions is None:
+            raise not_found(name, self.names())
+        return [versions[v] for v in sorted(versions)]
 
 
 @dataclass(slots=True)

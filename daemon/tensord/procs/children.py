@@ -19,12 +19,12 @@ import structlog
 
 from tensord import heap
 from tensord.config import TensordConfig
-from tensord.dataplane import DataPlane
+from tensord.dataplane import LocalEngine, ModelTable
 from tensord.errors import DeviceLostError
 from tensord.observability import Observability
 from tensord.procs.control import Control
 from tensord.procs.engine import EngineHost
-from tensord.procs.remote import RemoteDataPlane
+from tensord.procs.remote import RemoteEngine
 from tensord.procs.ring import Ring
 from tensord.server.app import EXIT_DEVICE_LOST
 from tensord.server.reload import ConfigLoader, apply_live_settings
@@ -80,11 +80,9 @@ async def run_engine(
     heap.tune()
     stop = asyncio.Event()
     exit_code = 0
-    # Versions change state only once loading starts, after `host` exists.
-    dataplane = DataPlane.for_config(config, on_change=lambda: host.models_changed())
-    host = EngineHost(dataplane, config.limits.max_generate_streams)
-    observability = Observability(config, dataplane.registry, known_model=dataplane.has_model)
-    dataplane.generation_metrics = observability.generation
+    engine = LocalEngine.for_config(config)
+    host = EngineHost(engine, config.limits.max_generate_streams)
+    observability = Observability(config, engine.registry, known_model=engine.has_model)
     observability.start()  # on a loopback port of its own: the supervisor reads it
 
     def device_lost(exc: DeviceLostError) -> None:
@@ -93,7 +91,7 @@ async def run_engine(
         log.critical("device.lost", error=str(exc), exit_code=EXIT_DEVICE_LOST)
         stop.set()
 
-    dataplane.on_device_lost = device_lost
+    engine.on_device_lost = device_lost
     tasks: set[asyncio.Task[Any]] = set()
 
     def on_message(message: dict[str, Any], fds: list[int]) -> None:
@@ -117,40 +115,35 @@ async def run_engine(
                 config = config_loader()
             except Exception as exc:
                 log.error("engine.reload_config_failed", error=str(exc))
-        dataplane.apply(config)
+        engine.apply(config)
         apply_live_settings(config)
-        changes = await dataplane.reload_models(config.model_repository)
+        changes = await engine.reload_models(config.model_repository)
         heap.settle()
         log.info("engine.reloaded", added=changes.added, changed=changes.changed,
                  removed=changes.removed, load_failed=changes.failed)  # fmt: skip
         host.models_changed()
-        control.send({"op": "reloaded", "status": _status(dataplane)})
+        control.send({"op": "reloaded", "status": _status(engine.table)})
 
     control = Control(socket.socket(fileno=control_fd), on_message, stop.set)
     host.on_dropped = lambda index: control.send({"op": "dropped", "index": index})
     alive = asyncio.ensure_future(_alive(control, _child_watchdog()))
-    loading = asyncio.ensure_future(dataplane.load_models())
+    loading = asyncio.ensure_future(engine.load_models())
     await asyncio.wait({loading, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")
     if loading.done() and not stop.is_set():
         loading.result()
         seconds, frozen = heap.settle()  # the loaded heap out of every later collection
         log.info("server.heap_frozen", objects=frozen, collect_ms=round(seconds * 1e3, 1))
-        dataplane.serving = True
-        host.loaded = True
-        host.models_changed()
         control.send(
-            {"op": "ready", "status": _status(dataplane), "metrics_port": observability.port}
+            {"op": "ready", "status": _status(engine.table), "metrics_port": observability.port}
         )
-        log.info("engine.ready", **dataplane.model_counts())
+        log.info("engine.ready", **engine.table.counts())
         await stop.wait()
     else:
         loading.cancel()
     log.info("engine.draining")
-    dataplane.serving = False
-    dataplane.fail_waiting_generations()
     host.close()
-    dataplane.terminate_runs()
-    await dataplane.close()
+    engine.terminate_runs()
+    await engine.close()
     await asyncio.to_thread(observability.stop)
     alive.cancel()
     control.close()
@@ -158,24 +151,23 @@ async def run_engine(
     return exit_code
 
 
-def _status(dataplane: DataPlane) -> str:
-    counts = dataplane.model_counts()
+def _status(table: ModelTable) -> str:
+    counts = table.counts()
     return ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no models"
 
 
 async def run_frontend(
     config: TensordConfig, control_fd: int, index: int, config_loader: ConfigLoader | None
 ) -> int:
-    """A frontend process: the gRPC server over a RemoteDataPlane; it reports ready once it
-    listens and the engine's table says the models are loaded."""
+    """A frontend process: the servers and the data plane over a RemoteEngine; it reports
+    ready once it listens and the engine's table says the models are loaded."""
     from tensord.server.app import TensordServer
 
     structlog.contextvars.bind_contextvars(role=f"frontend-{index}")
     _ignore_signals()
-    remote = RemoteDataPlane(config)
-    server = TensordServer(config, config_loader=config_loader, dataplane=remote)
+    remote = RemoteEngine(config)
+    server = TensordServer(config, config_loader=config_loader, engine=remote)
     server.adopt_process_settings()
-    remote.on_table = server.models_changed
 
     def on_message(message: dict[str, Any], fds: list[int]) -> None:
         op = message.get("op")

@@ -1,32 +1,33 @@
-"""The engine's side of the links: every frontend's requests served by the one data plane.
+"""The engine's side of the links: every frontend's calls served by one LocalEngine.
 
 The engine process owns the registry, the batchers, the executors and the generation
-engines; frontends send it decoded calls. Each call runs as a task with the caller's
-principal set, as it would in one process; its answer, or its error by class and message,
-goes back on the caller's link. Generate chunks and answers leaving in the same pass of the
-event loop go out as one message per link (one doorbell), so a step's chunks for all of a
-frontend's streams cost one write. Whenever a version's state changes the engine publishes
-the model table to every frontend.
+engines; frontends send it calls their data planes have checked, tokenised and admitted,
+for exact versions. A Predict or a query runs as a task; its answer, or its error by class
+and message, goes back on the caller's link. A frontend's link is the sink of the
+generations it started: each engine step's token ids for all of its streams go out as one
+message (the frontend makes the text), and messages leaving in the same pass of the event
+loop go as one record (one doorbell). Whenever a version's state changes the engine
+publishes the model table to every frontend.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import structlog
 
-from tensord.access import current_principal
-from tensord.dataplane import DataPlane, GenerateCall, PredictCall
-from tensord.errors import ResourceExhaustedError
+from tensord.dataplane import LocalEngine, PredictCall
+from tensord.errors import ResourceExhaustedError, TensordError
+from tensord.generate.core.outputs import EngineCoreOutput
 from tensord.procs.link import Link
 from tensord.procs.messages import (
     ErrorReport,
-    pack_chunk,
+    pack_outputs,
     pack_result,
     unpack_call,
+    unpack_request,
     wire_bytes,
 )
 from tensord.procs.ring import Ring
@@ -38,18 +39,23 @@ _REPLY_MARGIN = 64 * 1024
 """Bytes counted for a reply beyond its tensors (its pickle and headers)."""
 MAX_BACKLOG = 4096
 """Messages waiting for room in a frontend's reply ring before its link is dropped."""
-QUERIES = frozenset({"info", "model_snapshots", "chat_prompt"})
-"""The data plane methods a frontend may ask for by name (coroutines)."""
+QUERIES = frozenset({"info", "snapshots"})
+"""The LocalEngine methods a frontend may ask for by name (coroutines)."""
 
 
 class FrontendLink:
-    """One frontend's link and the calls it has running."""
+    """One frontend's link, the calls it has running, and the sink of its generations."""
 
     def __init__(self, index: int, host: EngineHost, outgoing: Ring, incoming: Ring) -> None:
         self.index = index
         self.host = host
         self.link = Link(outgoing, incoming, self._received)
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        """Predict calls and queries running, by call id."""
+        self.generations: dict[int, str] = {}
+        """Generations running, by call id: the engine's request id."""
+        self.call_ids: dict[str, int] = {}
+        """The same, by request id."""
 
     def post(self, message: Any, size: int = 0) -> None:
         """Send `message` (of `size` tensor bytes) with the others of this pass of the
@@ -70,23 +76,31 @@ class FrontendLink:
         if kind == "batch":
             for each in message[1]:
                 self._received(each)
-        elif kind == "abort":
-            task = self.tasks.get(message[1])
-            if task is not None:
-                task.cancel()
-        elif kind == "predict":
-            call = unpack_call(message[3])
-            self._start(message[1], message[2], self._predict(message[1], call))
         elif kind == "generate":
-            self._start(message[1], message[2], self._generate(message[1], message[3]))
-        elif kind == "call":
-            self._start(message[1], message[2], self._query(message[1], message[3], message[4]))
+            self._generate(message[1], message[2])
+        elif kind == "abort":
+            self._abort(message[1])
+        elif kind == "stop":
+            found = [r for c in message[1] if (r := self.generations.get(c)) is not None]
+            self.host.engine.stop_generations(found)
+        elif kind == "predict":
+            call = unpack_call(message[2])
+            self._start(message[1], self._predict(message[1], call))
+        elif kind == "query":
+            self._start(message[1], self._query(message[1], message[2], message[3]))
         else:
             log.error("engine.unknown_message", frontend=self.index, kind=str(kind)[:40])
 
-    def _start(self, call_id: int, principal: Any, work: Coroutine[Any, Any, None]) -> None:
+    def _abort(self, call_id: int) -> None:
+        task = self.tasks.get(call_id)
+        if task is not None:
+            task.cancel()
+        request_id = self.generations.get(call_id)
+        if request_id is not None:
+            self.host.engine.abort_generation(request_id)
+
+    def _start(self, call_id: int, work: Coroutine[Any, Any, None]) -> None:
         async def run() -> None:
-            current_principal.set(principal)
             try:
                 await work
             except asyncio.CancelledError:
@@ -107,7 +121,7 @@ class FrontendLink:
         task.add_done_callback(done)
 
     async def _predict(self, call_id: int, call: PredictCall) -> None:
-        result = await self.host.dataplane.predict(call)
+        result = await self.host.engine.predict(call)
         size = wire_bytes(result.outputs) + _REPLY_MARGIN
         if size > self.link.outgoing.max_payload:
             raise ResourceExhaustedError(
@@ -117,35 +131,67 @@ class FrontendLink:
             )
         self.post(("result", call_id, pack_result(result)), size)
 
-    async def _generate(self, call_id: int, call: GenerateCall) -> None:
+    def _generate(self, call_id: int, packed: tuple[Any, ...]) -> None:
+        """Start a generation; a refusal (queue full, no stream slot) answers at once."""
         slots = self.host.stream_slots
-        with slots.held() if slots is not None else contextlib.nullcontext():
-            chunks = self.host.dataplane.generate(call)
+        request_id = ""
+
+        def ended() -> None:
+            self.generations.pop(call_id, None)
+            self.call_ids.pop(request_id, None)
+            if slots is not None:
+                slots.give()
+
+        try:
+            if slots is not None:
+                slots.take()
             try:
-                async for chunk in chunks:
-                    self.post(("chunk", call_id, pack_chunk(chunk)))
-            finally:
-                await chunks.aclose()  # a cancel aborts the sequence and frees its blocks
-        self.post(("chunk", call_id, None))
+                request_id = self.host.engine.add_generation(unpack_request(packed), self, ended)
+            except BaseException:
+                if slots is not None:
+                    slots.give()
+                raise
+        except Exception as exc:
+            if not hasattr(exc, "code"):
+                log.exception("engine.call_failed", frontend=self.index)
+            self.post(("error", call_id, ErrorReport.of(exc)))
+            return
+        self.generations[call_id] = request_id
+        self.call_ids[request_id] = call_id
 
     async def _query(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
         if method not in QUERIES:
-            raise ValueError(f"no data plane query {method!r}")
-        function: Callable[..., Awaitable[Any]] = getattr(self.host.dataplane, method)
+            raise ValueError(f"no engine query {method!r}")
+        function: Callable[..., Awaitable[Any]] = getattr(self.host.engine, method)
         self.post(("ok", call_id, await function(*args)))
 
+    # -- OutputSink: the outputs of this frontend's generations --------------------------
+
+    def outputs(self, outputs: list[EngineCoreOutput]) -> None:
+        self.post(("tokens", pack_outputs(outputs, self.call_ids)))
+
+    def failed(self, request_ids: Sequence[str], error: TensordError) -> None:
+        ids = [self.call_ids[r] for r in request_ids if r in self.call_ids]
+        self.post(("ended", ids, ErrorReport.of(error)))
+
+    def expired(self, request_ids: Sequence[str]) -> None:
+        self.post(("ended", [self.call_ids[r] for r in request_ids if r in self.call_ids], None))
+
     def close(self) -> None:
-        """The frontend is gone: cancel what it had running (streams free their blocks)."""
+        """The frontend is gone: cancel what it had running (streams free their KV)."""
         for task in list(self.tasks.values()):
             task.cancel()
+        for request_id in list(self.call_ids):
+            self.host.engine.abort_generation(request_id)
         self.link.close()
 
 
 class EngineHost:
-    """Serves frontends' links from `dataplane` and publishes its model table."""
+    """Serves frontends' links from `engine` and publishes its model table."""
 
-    def __init__(self, dataplane: DataPlane, max_generate_streams: int = 0) -> None:
-        self.dataplane = dataplane
+    def __init__(self, engine: LocalEngine, max_generate_streams: int = 0) -> None:
+        self.engine = engine
+        engine.on_table = self.models_changed
         self.stream_slots = StreamSlots(max_generate_streams) if max_generate_streams else None
         self.on_dropped: Callable[[int], None] = lambda index: None
         """Called with a frontend's index when its link is dropped for not reading (the
@@ -153,7 +199,6 @@ class EngineHost:
         """[limits] max_generate_streams across every frontend (each frontend also holds
         its own slots, so none takes more than the limit either)."""
         self.frontends: dict[int, FrontendLink] = {}
-        self.loaded = False
         self._publish_handle: asyncio.Handle | None = None
 
     def add_frontend(self, index: int, outgoing: Ring, incoming: Ring) -> None:
@@ -164,7 +209,7 @@ class EngineHost:
         frontend = FrontendLink(index, self, outgoing, incoming)
         self.frontends[index] = frontend
         frontend.link.open()
-        frontend.post(("table", self.dataplane.table(self.loaded)))
+        frontend.post(("table", self.engine.table))
 
     def remove_frontend(self, index: int) -> None:
         frontend = self.frontends.pop(index, None)
@@ -182,13 +227,13 @@ class EngineHost:
 
     def _publish(self) -> None:
         self._publish_handle = None
-        table = self.dataplane.table(self.loaded)
+        table = self.engine.table
         for frontend in self.frontends.values():
             frontend.post(("table", table))
 
     def running(self) -> int:
         """Calls in progress across frontends."""
-        return sum(len(f.tasks) for f in self.frontends.values())
+        return sum(len(f.tasks) + len(f.generations) for f in self.frontends.values())
 
     def close(self) -> None:
         for index in list(self.frontends):

@@ -6,16 +6,21 @@ ring, and read back as views of the received record (read-only arrays, as a deco
 message gives). Both ends are the same tensord, so pickle's trust model is that of the
 process itself: nothing else can write into the rings (memfds shared by fd, never named).
 
+The frontend's data plane has checked, tokenised and admitted what it sends, for the
+exact version it picked; the engine sends back token ids, and the frontend makes the text.
+
 Frontend to engine:
-    ("predict", id, principal, pack_call(PredictCall))
-    ("generate", id, principal, GenerateCall)
-    ("call", id, principal, method, args)      a data plane query (info, chat_prompt, ...)
-    ("abort", id)                              the caller went away: cancel its work
+    ("predict", id, pack_call(PredictCall))
+    ("generate", id, pack_request(EngineCoreRequest))
+    ("query", id, method, args)                 info or snapshots
+    ("abort", id)                               the caller went away: cancel its work
+    ("stop", [id, ...])                         stop strings ended these generations
 Engine to frontend:
     ("result", id, pack_result(PredictResult))
-    ("ok", id, result)                         a query's answer
-    ("error", id, ErrorReport)
-    ("chunk", id, pack_chunk(RequestOutput) | None)  a Generate chunk; None ends it
+    ("ok", id, result)                          a query's answer
+    ("error", id, ErrorReport)                  a call failed (a generation was refused)
+    ("tokens", pack_outputs([EngineCoreOutput, ...]))   a step's tokens for this frontend
+    ("ended", [id, ...], ErrorReport | None)    generations failed, or (None) expired
     ("table", ModelTable)
 Either way, ("batch", [message, ...]): the messages of one pass of the event loop.
 """
@@ -30,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from tensord import errors
-from tensord.dataplane import PredictCall, PredictResult, RequestOutput, TokenLogprob
-from tensord.generate.core.outputs import Usage
+from tensord.dataplane import EngineCoreRequest, PredictCall, PredictResult, TokenLogprob
+from tensord.generate.core.outputs import EngineCoreOutput
+from tensord.generate.core.request import RequestStatus
 
 _COUNT = struct.Struct("<I")
 _SIZE = struct.Struct("<Q")
@@ -113,19 +119,27 @@ def unpack_arrays(packed: PackedArrays) -> list[tuple[str, np.ndarray]]:
 
 
 def pack_call(call: PredictCall) -> tuple[Any, ...]:
-    return (
-        call.model,
-        call.version,
-        pack_arrays(call.inputs),
-        call.output_names,
-        call.deadline,
-        call.validated_version,
-    )
+    return (call.model, call.version, pack_arrays(call.inputs), call.output_names, call.deadline)
 
 
 def unpack_call(packed: tuple[Any, ...]) -> PredictCall:
-    model, version, inputs, output_names, deadline, validated = packed
-    return PredictCall(model, version, unpack_arrays(inputs), output_names, deadline, validated)
+    model, version, inputs, output_names, deadline = packed
+    return PredictCall(model, version, unpack_arrays(inputs), output_names, deadline)
+
+
+def pack_request(request: EngineCoreRequest) -> tuple[Any, ...]:
+    return (
+        request.model,
+        request.version,
+        request.prompt_token_ids,
+        request.params,
+        request.deadline,
+        request.arrival,
+    )
+
+
+def unpack_request(packed: tuple[Any, ...]) -> EngineCoreRequest:
+    return EngineCoreRequest(*packed)
 
 
 def pack_result(result: PredictResult) -> tuple[Any, ...]:
@@ -143,41 +157,32 @@ def unpack_result(packed: tuple[Any, ...]) -> PredictResult:
     return PredictResult(model, version, unpack_arrays(outputs), queue_s, compute_s)
 
 
-def pack_chunk(chunk: RequestOutput) -> tuple[Any, ...]:
-    """A Generate chunk as a plain tuple (five times cheaper to pickle both ways)."""
-    logprobs = None
-    if chunk.logprobs is not None:
-        logprobs = [(lp.token_id, lp.logprob, lp.top) for lp in chunk.logprobs]
-    usage = None
-    if chunk.usage is not None:
-        u = chunk.usage
-        usage = (
-            u.prompt_tokens,
-            u.completion_tokens,
-            u.time_to_first_token_ms,
-            u.mean_inter_token_ms,
-        )
-    return (
-        chunk.request_id,
-        chunk.index,
-        chunk.token_ids,
-        chunk.text,
-        logprobs,
-        chunk.finish_reason,
-        usage,
-    )
+PackedOutput = tuple[int, list[int], int | None, list[tuple[Any, ...]] | None]
+"""(frontend's call id, new token ids, finish status or None, logprobs or None)."""
 
 
-def unpack_chunk(packed: tuple[Any, ...]) -> RequestOutput:
-    request_id, index, token_ids, text, logprobs, finish_reason, usage = packed
-    return RequestOutput(
-        request_id,
-        index,
+def pack_outputs(outputs: list[EngineCoreOutput], call_ids: dict[str, int]) -> list[PackedOutput]:
+    """A step's outputs as plain tuples under the frontend's call ids (five times
+    cheaper to pickle both ways than the dataclasses)."""
+    packed: list[PackedOutput] = []
+    for out in outputs:
+        logprobs = None
+        if out.new_logprobs is not None:
+            logprobs = [(lp.token_id, lp.logprob, lp.top) for lp in out.new_logprobs]
+        status = None if out.finish_status is None else int(out.finish_status)
+        packed.append((call_ids[out.request_id], out.new_token_ids, status, logprobs))
+    return packed
+
+
+def unpack_output(packed: PackedOutput) -> EngineCoreOutput:
+    """One output as the frontend's OutputStreams takes it (its id: the call id)."""
+    call_id, token_ids, status, logprobs = packed
+    return EngineCoreOutput(
+        str(call_id),
         token_ids,
-        text,
+        None if status is None else RequestStatus(status),
+        None,
         None if logprobs is None else [TokenLogprob(*lp) for lp in logprobs],
-        finish_reason,
-        None if usage is None else Usage(*usage),
     )
 
 

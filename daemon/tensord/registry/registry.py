@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import numpy as np
 import structlog
@@ -203,8 +204,10 @@ class ModelRegistry:
         task.add_done_callback(lambda done: self._retiring.pop(done, None))
 
     async def _unload(self, entry: ModelVersion, remove: bool) -> None:
-        """Free a version once its running requests have finished."""
-        await entry.inflight.wait_idle()
+        """Free a version once its running requests have finished (a call that picked it
+        before it was swapped out may still start while this waits)."""
+        while entry.inflight.count:
+            await entry.inflight.wait_idle()
         if remove:
             versions = self._models.get(entry.name, {})
             if versions.get(entry.version) is entry:
@@ -285,41 +288,16 @@ class ModelRegistry:
         """Every version of one model; NOT_FOUND for an unknown name."""
         versions = self._models.get(name)
         if versions is None:
-            raise self._not_found(name)
+            raise not_found(name, self.names())
         return [mv for _, mv in sorted(versions.items())]
 
-    def _not_found(self, name: str) -> NotFoundError:
-        """NOT_FOUND listing the models the caller may learn about (its token's)."""
-        known = ", ".join(n for n in self.names() if may_see(n)) or "none"
-        return NotFoundError(f"model {name!r} not found; models: {known}")
-
     def get(self, name: str, version: int = 0, redact: Callable[[str], str] = str) -> ModelVersion:
-        """The version to serve (version 0: the newest READY one). NOT_FOUND for unknown
-        names and versions; UNAVAILABLE while it loads or unloads (clients retry);
-        FAILED_PRECONDITION when it failed to load, with the reason as `redact` shows it to
-        this caller (clients do not retry: it stays FAILED until a reload fixes it)."""
-        versions = self._models.get(name)
-        if versions is None:
-            raise self._not_found(name)
-        if version:
-            entry = versions.get(version)
-            if entry is None:
-                raise NotFoundError(
-                    f"model {name!r} has no version {version}; versions: "
-                    f"{', '.join(str(v) for v in sorted(versions))} (0 means the newest ready)"
-                )
-            if entry.state is not ModelState.READY:
-                raise not_ready_error(entry, redact)
-            return entry
-        newest = max(
-            (v for v, mv in versions.items() if mv.state is ModelState.READY), default=None
-        )
-        if newest is None:
-            # A version still loading (or unloading) is worth a retry; only when every
-            # version failed is the answer final.
-            settling = [v for v, mv in versions.items() if mv.state is not ModelState.FAILED]
-            raise not_ready_error(versions[max(settling or versions)], redact)
-        return versions[newest]
+        """The version to serve (version 0: the newest READY one): see pick_version."""
+        return pick_version(name, self._models.get(name), version, redact, self.names)
+
+    def version(self, name: str, version: int) -> ModelVersion | None:
+        """That exact version, whatever its state; None when the registry has none."""
+        return self._models.get(name, {}).get(version)
 
     def terminate_runs(self) -> None:
         """Cut every model run in progress short (the drain's grace has run out)."""
@@ -359,8 +337,64 @@ async def _free(entry: ModelVersion) -> None:
                 await asyncio.to_thread(engine.close)
 
 
+class Stated(Protocol):
+    """A model version as calls are sent to it: the registry's, or the model table's."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def state(self) -> ModelState: ...
+    @property
+    def reason(self) -> str: ...
+
+
+V = TypeVar("V", bound=Stated)
+
+
+def pick_version(
+    name: str,
+    versions: Mapping[int, V] | None,
+    version: int,
+    redact: Callable[[str], str],
+    names: Callable[[], Iterable[str]],
+) -> V:
+    """The version a call for (`name`, `version`) goes to, of a model's `versions`
+    (None: no such model; `names()` lists the models there are): version 0 is the newest
+    READY one. NOT_FOUND for unknown names and versions; UNAVAILABLE while it loads or
+    unloads (clients retry); FAILED_PRECONDITION when it failed to load, with the reason as
+    `redact` shows it to this caller (clients do not retry: it stays FAILED until a
+    reload fixes it)."""
+    if versions is None:
+        raise not_found(name, names())
+    if version:
+        entry = versions.get(version)
+        if entry is None:
+            raise NotFoundError(
+                f"model {name!r} has no version {version}; versions: "
+                f"{', '.join(str(v) for v in sorted(versions))} (0 means the newest ready)"
+            )
+        if entry.state is not ModelState.READY:
+            raise not_ready_error(entry, redact)
+        return entry
+    newest = max((v for v, mv in versions.items() if mv.state is ModelState.READY), default=None)
+    if newest is None:
+        # A version still loading (or unloading) is worth a retry; only when every
+        # version failed is the answer final.
+        settling = [v for v, mv in versions.items() if mv.state is not ModelState.FAILED]
+        raise not_ready_error(versions[max(settling or versions)], redact)
+    return versions[newest]
+
+
+def not_found(name: str, names: Iterable[str]) -> NotFoundError:
+    """NOT_FOUND listing the models the caller may learn about (its token's)."""
+    known = ", ".join(n for n in names if may_see(n)) or "none"
+    return NotFoundError(f"model {name!r} not found; models: {known}")
+
+
 def not_ready_error(
-    entry: ModelVersion, redact: Callable[[str], str] = str
+    entry: Stated, redact: Callable[[str], str] = str
 ) -> UnavailableError | FailedPreconditionError:
     """What a call for a version that is not READY gets: FAILED_PRECONDITION with the
     reason (`redact` leaves out what this caller may not see) for a version that failed to

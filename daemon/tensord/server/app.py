@@ -17,7 +17,13 @@ from grpc_health.v1 import health
 
 from tensord import __version__, heap
 from tensord.config import TensordConfig
-from tensord.dataplane import BackendFactory, DataPlane, default_backend_factory
+from tensord.dataplane import (
+    BackendFactory,
+    DataPlane,
+    EngineClient,
+    LocalEngine,
+    default_backend_factory,
+)
 from tensord.devices import probe_gpus
 from tensord.errors import DeviceLostError
 from tensord.eventloop import running_loop_name
@@ -70,20 +76,20 @@ class TensordServer:
         config: TensordConfig,
         backend_factory: BackendFactory = default_backend_factory,
         config_loader: ConfigLoader | None = None,
-        dataplane: Any = None,
+        engine: EngineClient | None = None,
     ) -> None:
         self.config = config
-        self.frontend = dataplane is not None
-        """A frontend process: `dataplane` is the engine process's, reached over a link
-        (tensord.procs); the port is shared with the other frontends (SO_REUSEPORT) and
-        no device is touched here."""
-        self.dataplane = dataplane or DataPlane.for_config(
-            config, backend_factory, self._models_changed
-        )
-        self.dataplane.on_device_lost = self._device_lost
-        self.registry = getattr(self.dataplane, "registry", None)
-        """The data plane's models (the metrics collectors read it; so do the tests); None
-        in a frontend process."""
+        self.frontend = engine is not None
+        """A frontend process: `engine` is the engine process, reached over a link
+        (tensord.procs.remote); the port is shared with the other frontends (SO_REUSEPORT)
+        and no device is touched here."""
+        self.engine: EngineClient = engine or LocalEngine.for_config(config, backend_factory)
+        self.registry = self.engine.registry if isinstance(self.engine, LocalEngine) else None
+        """The models of this process (the metrics collectors read it; so do the tests);
+        None in a frontend process."""
+        self.dataplane = DataPlane(self.engine, config)
+        self.dataplane.on_models_changed = self._models_changed
+        self.engine.on_device_lost = self._device_lost
         self.health = HealthServicer(MODEL_HEALTH_PREFIX)
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._health_publisher = HealthPublisher(
@@ -231,7 +237,7 @@ class TensordServer:
             "server.ready",
             port=self.port,
             health="SERVING" if readiness.ready else "NOT_SERVING",
-            ready_when=self.dataplane.ready_when,
+            ready_when=self.config.server.ready_when,
             **self.model_counts(),
         )
         self.notifier.ready(self.status_line())
@@ -432,11 +438,6 @@ class TensordServer:
 
     def _models_changed(self) -> None:
         self._spawn(self._sync_health())
-
-    def models_changed(self) -> None:
-        """A version's state changed (a frontend process hears it from the engine):
-        health follows."""
-        self._models_changed()
 
     async def stop_requested(self) -> None:
         """Until a stop is asked for (request_stop)."""

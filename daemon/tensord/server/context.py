@@ -93,16 +93,24 @@ class StreamSlots:
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         """Hold a slot for the block; ResourceExhaustedError when none is free."""
+        self.take()
+        try:
+            yield
+        finally:
+            self.give()
+
+    def take(self) -> None:
+        """Take a slot (give it back with `give`); ResourceExhaustedError when none is
+        free."""
         if self.active >= self.limit:
             raise ResourceExhaustedError(
                 f"{self.active} Generate streams are in progress, the most this server "
                 f"takes ([limits] max_generate_streams = {self.limit}); retry shortly"
             )
         self.active += 1
-        try:
-            yield
-        finally:
-            self.active -= 1
+
+    def give(self) -> None:
+        self.active -= 1
 
 
 def request_id(context: Ctx) -> str:
@@ -240,23 +248,27 @@ class Admission(Protocol):
 
     def check_model(self, rpc: str, model: str) -> None: ...
 
-    def check_look(self, rpc: str, look: Look) -> None: ...
+    def check_look(self, rpc: str, look: Look) -> Any:
+        """Checks on what the request's bytes say; returns what the handler is given as
+        its `target` (the version a Predict or Generate call goes to), or None."""
 
     def admitted(self, rpc: str) -> contextlib.AbstractContextManager[None]: ...
 
 
-def _look(servicer: Admission, rpc: str, raw: bytes, message_type: Any, held: Any) -> Look:
+def _look(
+    servicer: Admission, rpc: str, raw: bytes, message_type: Any, held: Any
+) -> tuple[Look, Any]:
     """What the request's bytes say, once they passed the intake's look and the servicer's
-    checks (authorization, the model's limits); `held` is the call's stand-in for logs and
-    metrics until it is parsed (it takes the looked-at model name)."""
+    checks (authorization, the model's limits), and the handler's target; `held` is the
+    call's stand-in for logs and metrics until it is parsed (it takes the looked-at model
+    name)."""
 
     def seen(model: str) -> None:
         held.model = model
         servicer.check_model(rpc, model)
 
     look = servicer.intake.look(rpc, raw, message_type.DESCRIPTOR.full_name, seen)
-    servicer.check_look(rpc, look)
-    return look
+    return look, servicer.check_look(rpc, look)
 
 
 @contextlib.contextmanager
@@ -281,12 +293,12 @@ class _Held:
 
 def unary_rpc(
     message_type: Any,
-) -> Callable[[Callable[[Any, Any, Ctx, str], Awaitable[Any]]], Any]:
-    """Wrap a unary handler `(self, request, context, request_id) -> response`, served as
-    request-streaming with raw bytes (intake.py): the message is received, bounded and
-    parsed here."""
+) -> Callable[[Callable[[Any, Any, Ctx, str, Any], Awaitable[Any]]], Any]:
+    """Wrap a unary handler `(self, request, context, request_id, target) -> response`
+    (`target`: what the servicer's check_look returned), served as request-streaming with
+    raw bytes (intake.py): the message is received, bounded and parsed here."""
 
-    def wrap(method: Callable[[Any, Any, Ctx, str], Awaitable[Resp]]) -> Any:
+    def wrap(method: Callable[[Any, Any, Ctx, str, Any], Awaitable[Resp]]) -> Any:
         rpc = method.__name__
 
         @functools.wraps(method)
@@ -297,10 +309,10 @@ def unary_rpc(
             request: Any = _Held()
             try:
                 raw = await self.intake.receive(context, rpc in _DURING_DRAIN)
-                look = _look(self, rpc, raw, message_type, request)
+                look, target = _look(self, rpc, raw, message_type, request)
                 with _admitted(self, rpc, raw, look):
                     request = await self.intake.parse(message_type, raw)
-                    response = await method(self, request, context, rid)
+                    response = await method(self, request, context, rid, target)
                     if self.calls.draining:
                         self.calls.drain_reply_bytes += response.ByteSize()
             except asyncio.CancelledError:
@@ -319,11 +331,11 @@ def unary_rpc(
 
 def stream_rpc(
     message_type: Any,
-) -> Callable[[Callable[[Any, Any, Ctx, str], AsyncIterator[Any]]], Any]:
+) -> Callable[[Callable[[Any, Any, Ctx, str, Any], AsyncIterator[Any]]], Any]:
     """Wrap a server-streaming handler like unary_rpc; chunks already sent stay valid on
     failure."""
 
-    def wrap(method: Callable[[Any, Any, Ctx, str], AsyncIterator[Resp]]) -> Any:
+    def wrap(method: Callable[[Any, Any, Ctx, str, Any], AsyncIterator[Resp]]) -> Any:
         rpc = method.__name__
 
         @functools.wraps(method)
@@ -334,10 +346,10 @@ def stream_rpc(
             request: Any = _Held()
             try:
                 raw = await self.intake.receive(context, rpc in _DURING_DRAIN)
-                look = _look(self, rpc, raw, message_type, request)
+                look, target = _look(self, rpc, raw, message_type, request)
                 with _admitted(self, rpc, raw, look):
                     request = await self.intake.parse(message_type, raw)
-                    async for item in method(self, request, context, rid):
+                    async for item in method(self, request, context, rid, target):
                         yield item
             except (asyncio.CancelledError, GeneratorExit):
                 _cancelled(self, rpc, request, start, rid, context)

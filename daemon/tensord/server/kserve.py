@@ -13,13 +13,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import Any
 
 import grpc
 import structlog
 
 from tensord import __version__
 from tensord.access import check_model
-from tensord.dataplane import DataPlane, ModelState, PredictCall, PredictResult
+from tensord.dataplane import (
+    PREDICT,
+    DataPlane,
+    ModelState,
+    PredictCall,
+    PredictResult,
+    WrongKindError,
+)
 from tensord.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -85,19 +93,19 @@ class KServeServicer:
 
     @unary_rpc(pb.ServerLiveRequest)
     async def ServerLive(
-        self, request: pb.ServerLiveRequest, context: Ctx, rid: str
+        self, request: pb.ServerLiveRequest, context: Ctx, rid: str, target: Any
     ) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
     @unary_rpc(pb.ServerReadyRequest)
     async def ServerReady(
-        self, request: pb.ServerReadyRequest, context: Ctx, rid: str
+        self, request: pb.ServerReadyRequest, context: Ctx, rid: str, target: Any
     ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self._dataplane.readiness().ready)
 
     @unary_rpc(pb.ModelReadyRequest)
     async def ModelReady(
-        self, request: pb.ModelReadyRequest, context: Ctx, rid: str
+        self, request: pb.ModelReadyRequest, context: Ctx, rid: str, target: Any
     ) -> pb.ModelReadyResponse:
         version = parse_version(request.version)
         try:
@@ -111,27 +119,27 @@ class KServeServicer:
 
     @unary_rpc(pb.ServerMetadataRequest)
     async def ServerMetadata(
-        self, request: pb.ServerMetadataRequest, context: Ctx, rid: str
+        self, request: pb.ServerMetadataRequest, context: Ctx, rid: str, target: Any
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="tensord", version=__version__, extensions=EXTENSIONS)
 
     @unary_rpc(pb.ModelMetadataRequest)
     async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest, context: Ctx, rid: str
+        self, request: pb.ModelMetadataRequest, context: Ctx, rid: str, target: Any
     ) -> pb.ModelMetadataResponse:
         snapshots = await self._dataplane.model_snapshots(_named(request.name))
         return metadata_response(snapshots, pick(snapshots, parse_version(request.version)))
 
     @unary_rpc(pb.ModelConfigRequest)
     async def ModelConfig(
-        self, request: pb.ModelConfigRequest, context: Ctx, rid: str
+        self, request: pb.ModelConfigRequest, context: Ctx, rid: str, target: Any
     ) -> pb.ModelConfigResponse:
         snapshots = await self._dataplane.model_snapshots(_named(request.name))
         return config_response(pick(snapshots, parse_version(request.version)))
 
     @unary_rpc(pb.ModelStatisticsRequest)
     async def ModelStatistics(
-        self, request: pb.ModelStatisticsRequest, context: Ctx, rid: str
+        self, request: pb.ModelStatisticsRequest, context: Ctx, rid: str, target: Any
     ) -> pb.ModelStatisticsResponse:
         version = parse_version(request.version)
         snapshots = await self._dataplane.model_snapshots(request.name)
@@ -141,7 +149,7 @@ class KServeServicer:
 
     @unary_rpc(pb.ModelInferRequest)
     async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: Ctx, rid: str
+        self, request: pb.ModelInferRequest, context: Ctx, rid: str, target: Any
     ) -> pb.ModelInferResponse:
         start = time.perf_counter()
         call = infer_call(request, context.time_remaining())
@@ -162,16 +170,16 @@ class KServeServicer:
         return response
 
     async def _predict(self, call: PredictCall) -> PredictResult:
-        """The data plane's Predict, worded for this protocol where a generator is named."""
+        """The data plane's Predict (the caller was authorised as its model name was
+        read), worded for this protocol where a generator is named."""
         try:
-            return await self._dataplane.predict(call)
-        except FailedPreconditionError as exc:
-            if "is a generator" not in exc.message:
-                raise
+            entry = self._dataplane.lookup(call.model, call.version, PREDICT, authorised=True)
+        except WrongKindError:
             raise FailedPreconditionError(
                 f"model {call.model!r} is a generator: ModelInfer runs predict models "
                 "(tensors in, tensors out); stream its tokens with tensord.v1's Generate"
             ) from None
+        return await self._dataplane.predict(call, entry)
 
     def _plan_reply(self, result: PredictResult) -> bool:
         """RESOURCE_EXHAUSTED before encoding outputs that cannot fit in one message; else

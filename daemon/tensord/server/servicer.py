@@ -14,7 +14,7 @@ import structlog
 
 from tensord.access import check_model
 from tensord.config_tables import LimitsSettings
-from tensord.dataplane import DataPlane, PredictResult
+from tensord.dataplane import GENERATOR, PREDICT, DataPlane, PredictResult, TableEntry
 from tensord.errors import ResourceExhaustedError
 from tensord.observability.observer import RequestObserver
 from tensord.server import converters
@@ -64,13 +64,19 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         if rpc in ("Predict", "Generate"):
             check_model(model)
 
-    def check_look(self, rpc: str, look: Look) -> None:
-        """Before a request is parsed: a Generate prompt fits the model (a longer one is
-        never tokenised or converted)."""
+    def check_look(self, rpc: str, look: Look) -> TableEntry | None:
+        """Before a request is parsed: the version a Predict or Generate call goes to
+        (looked up once, here), and a Generate prompt that fits it (a longer one is never
+        tokenised or converted)."""
+        if rpc == "Predict":
+            return self._dataplane.lookup(look.model, look.version, PREDICT, authorised=True)
         if rpc == "Generate":
+            entry = self._dataplane.lookup(look.model, look.version, GENERATOR, authorised=True)
             self._dataplane.check_prompt_size(
-                look.model, look.version, look.prompt_bytes, look.token_ids, look.token_ids_exact
+                entry, look.prompt_bytes, look.token_ids, look.token_ids_exact
             )
+            return entry
+        return None
 
     def admitted(self, rpc: str) -> contextlib.AbstractContextManager[None]:
         """What a parsed call holds while it runs: a Generate stream's slot."""
@@ -80,7 +86,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     @unary_rpc(pb.PredictRequest)
     async def Predict(
-        self, request: pb.PredictRequest, context: Ctx, rid: str
+        self, request: pb.PredictRequest, context: Ctx, rid: str, target: Any
     ) -> pb.PredictResponse:
         start = time.perf_counter()
         remaining = context.time_remaining()
@@ -88,7 +94,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             call = await asyncio.to_thread(converters.predict_call, request, remaining)
         else:
             call = converters.predict_call(request, remaining)
-        result = await self._dataplane.predict(call)
+        result = await self._dataplane.predict(call, target)
         contents = request.output_encoding == pb.TENSOR_ENCODING_CONTENTS
         offload = self._plan_reply(result, contents)
         total_us = predict_finished(self.observer, "Predict", rid, result, start)
@@ -120,18 +126,22 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     @stream_rpc(pb.GenerateRequest)
     async def Generate(
-        self, request: pb.GenerateRequest, context: Ctx, rid: str
+        self, request: pb.GenerateRequest, context: Ctx, rid: str, target: Any
     ) -> AsyncIterator[pb.GenerateResponse]:
         call = converters.generate_call(request, context.time_remaining())
-        async for chunk in self._dataplane.generate(call):
+        async for chunk in self._dataplane.generate(call, target):
             yield converters.generate_response(chunk)
 
     @unary_rpc(pb.HealthRequest)
-    async def Health(self, request: pb.HealthRequest, context: Ctx, rid: str) -> pb.HealthResponse:
+    async def Health(
+        self, request: pb.HealthRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.HealthResponse:
         return converters.health_response(self._dataplane.health(request.model))
 
     @unary_rpc(pb.InfoRequest)
-    async def Info(self, request: pb.InfoRequest, context: Ctx, rid: str) -> pb.InfoResponse:
+    async def Info(
+        self, request: pb.InfoRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.InfoResponse:
         response = converters.info_response(await self._dataplane.info())
         response.endpoints.extend(
             pb.Endpoint(protocol=protocol, address=address) for protocol, address in self.endpoints

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from tensord.errors import DeadlineExceededError, InternalError, UnavailableError
 from tensord.generate.core.outputs import EngineCoreOutput, RequestOutput, TokenLogprob, Usage
-from tensord.generate.core.request import RequestStatus
+from tensord.generate.core.request import Request, RequestStatus
 from tensord.generate.engine.output_processor import OutputProcessor, RequestOutputCollector
 from tests.unit.generate.helpers import byte_level_bpe, make_request
 
@@ -36,6 +36,16 @@ def everything(slot: RequestOutputCollector) -> RequestOutput | None:
     return merged
 
 
+def track(processor: OutputProcessor, request: Request) -> RequestOutputCollector:
+    """Start tracking `request` as the data plane does, with the processor's tokenizer."""
+    return processor.add_request(
+        request.request_id,
+        request.prompt_token_ids,
+        request.sampling_params,
+        request.arrival_time,
+    )
+
+
 def lp(token: int) -> TokenLogprob:
     return TokenLogprob(token, -0.25, ((token, -0.25),))
 
@@ -58,7 +68,7 @@ def test_metrics_get_the_timings_usage_reports() -> None:
     tokenizer = byte_level_bpe(["abc abc abc"] * 5, 270)
     clock, timings = Clock(), Timings()
     processor = OutputProcessor(tokenizer, clock, timings)
-    slot = processor.add_request(make_request("r", [1, 2], arrival=99.75))
+    slot = track(processor, make_request("r", [1, 2], arrival=99.75))
     for now, tokens, status in [
         (100.0, [3], None),
         (100.25, [4, 5], None),
@@ -133,7 +143,7 @@ def test_stream_text_usage_and_timing(tokenizer: Tokenizer) -> None:
     clock = Clock()
     processor = OutputProcessor(tokenizer, clock)
     request = make_request("r", tokenizer.encode("stop").ids, arrival=99.9, logprobs=1)
-    slot = processor.add_request(request)
+    slot = track(processor, request)
     ids = tokenizer.encode(" 東京 😀").ids
     chunks = []
     for n, token in enumerate(ids):
@@ -161,7 +171,7 @@ def test_stream_text_usage_and_timing(tokenizer: Tokenizer) -> None:
 def test_a_stop_string_ends_the_request_and_is_not_emitted(tokenizer: Tokenizer) -> None:
     processor = OutputProcessor(tokenizer, Clock())
     request = make_request("r", [1], stop=("STOP",))
-    slot = processor.add_request(request)
+    slot = track(processor, request)
     ids = tokenizer.encode("stop here. STOP there.").ids
     stopped: list[str] = []
     for token in ids:
@@ -181,7 +191,7 @@ def test_a_stop_string_ends_the_request_and_is_not_emitted(tokenizer: Tokenizer)
 
 def test_a_held_back_stop_prefix_is_released_at_the_end(tokenizer: Tokenizer) -> None:
     processor = OutputProcessor(tokenizer, Clock())
-    slot = processor.add_request(make_request("r", [1], stop=("here and",)))
+    slot = track(processor, make_request("r", [1], stop=("here and",)))
     ids = tokenizer.encode("stop here").ids
     for token in ids[:-1]:
         processor.process_outputs([core("r", token)])
@@ -194,7 +204,7 @@ def test_a_held_back_stop_prefix_is_released_at_the_end(tokenizer: Tokenizer) ->
 def test_deadline_drain_and_abort(tokenizer: Tokenizer) -> None:
     clock = Clock()
     processor = OutputProcessor(tokenizer, clock)
-    slots = {rid: processor.add_request(make_request(rid, [1], arrival=99.5)) for rid in "abc"}
+    slots = {rid: track(processor, make_request(rid, [1], arrival=99.5)) for rid in "abc"}
     processor.process_outputs([core("a", 10), core("b", 11), core("c", 12)])
     processor.expire_requests(["a", "zzz"])
     processor.fail_requests(["b"], UnavailableError("the server is draining"))
@@ -209,14 +219,14 @@ def test_deadline_drain_and_abort(tokenizer: Tokenizer) -> None:
     with pytest.raises(UnavailableError):
         slots["b"].get_nowait()
     with pytest.raises(ValueError, match="already tracked"):
-        processor.add_request(make_request("d", [1]))
-        processor.add_request(make_request("d", [1]))
+        track(processor, make_request("d", [1]))
+        track(processor, make_request("d", [1]))
 
 
 def test_abnormal_ends_from_the_engine_become_stream_errors(tokenizer: Tokenizer) -> None:
     processor = OutputProcessor(tokenizer, Clock())
-    error_slot = processor.add_request(make_request("e", [1]))
-    late_slot = processor.add_request(make_request("d", [1]))
+    error_slot = track(processor, make_request("e", [1]))
+    late_slot = track(processor, make_request("d", [1]))
     processor.process_outputs(
         [
             EngineCoreOutput("e", [], RequestStatus.FINISHED_ERROR),

@@ -2,10 +2,10 @@
 
 The engine thread loops: apply queued aborts and stops, `schedule()` a step, run it on the
 model (ModelRunner), sample, `update_from_output`, and hold the step's outputs for the
-event loop (OutputHandoff, handoff.py, says when they go). On the loop, the
-OutputProcessor detokenizes, matches stop strings and fills each request's merging output
-slot (as vLLM splits engine core and output processing): detokenizing a step overlaps the
-next step's model run.
+event loop (OutputHandoff, handoff.py, says when they go). On the loop each request's
+outputs go to the sink it was added with (streams.py): the data plane's OutputStreams,
+which detokenizes and matches stop strings where the stream is read, or the link to a
+frontend process that does. Detokenizing a step overlaps the next step's model run.
 
 The scheduler is shared under one lock that the thread drops while the model runs, so a
 new request is admitted (or refused: queue full, too long) synchronously, before its
@@ -21,12 +21,12 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 
-from tensord.errors import InternalError, TensordError, UnavailableError
+from tensord.errors import DeviceLostError, InternalError, TensordError, UnavailableError
 from tensord.generate.core.kv_cache_manager import KVCacheStats
 from tensord.generate.core.outputs import EngineCoreOutput, RequestOutput, TokenLogprob
 from tensord.generate.core.request import Request, RequestStatus
@@ -40,13 +40,16 @@ from tensord.generate.core.scheduler_output import SchedulerOutput
 from tensord.generate.core.slot_manager import SlotMove
 from tensord.generate.engine.handoff import OutputHandoff
 from tensord.generate.engine.kv_paths import KVPath
-from tensord.generate.engine.output_processor import OutputProcessor, RequestOutputCollector
+from tensord.generate.engine.streams import OutputSink, OutputStreams
 from tensord.generate.model.model_dir import GeneratorDirectory, GeneratorSpec
 from tensord.generate.worker.model_runner import PassStats, StepLogits
 from tensord.generate.worker.sampler import Sampler
 from tensord.modelconfig.generator import GeneratorLimits
 
 log = structlog.get_logger("tensord.generate")
+
+_REQUEST_IDS = itertools.count()
+"""Request ids are unique in the process, across engines (one sink may serve several)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -112,8 +115,11 @@ class GenerationEngine:
         self._moves: list[SlotMove] = []
         self.sampler = Sampler()
         self.defaults = sampling_defaults(spec)
-        self.output_processor = OutputProcessor(directory.tokenizer)
-        self._ids = itertools.count()
+        self._sinks: dict[str, tuple[OutputSink, Callable[[], None] | None]] = {}
+        """Event loop: each live request's sink, and what to call once it has ended."""
+        self._streams: OutputStreams | None = None
+        self.on_device_lost: Callable[[DeviceLostError], None] = lambda exc: None
+        """Called (engine thread) when a step meets a sticky device error."""
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._aborts: list[str] = []
@@ -132,34 +138,28 @@ class GenerationEngine:
         self,
         prompt_token_ids: Sequence[int],
         params: SamplingParams | ResolvedSamplingParams,
-        deadline: float | None = None,
-        arrival_time: float | None = None,
-    ) -> tuple[str, RequestOutputCollector]:
+        deadline: float | None,
+        arrival_time: float | None,
+        sink: OutputSink,
+        on_end: Callable[[], None] | None = None,
+    ) -> str:
         """Admit a request (raises InvalidArgument / ResourceExhausted / Unavailable at
-        once); returns its id and the slot its chunks arrive in. Parameters the data
-        plane's admission resolved are taken as they are. `arrival_time`
-        (time.monotonic()) is when the server received it: its token timings start there."""
-        resolved = (
-            params
-            if isinstance(params, ResolvedSamplingParams)
-            else params.resolve(
-                self.defaults,
-                prompt_len=len(prompt_token_ids),
-                max_model_len=self.limits.max_model_len,
-                vocab_size=self.directory.spec.vocab_size,
-            )
-        )
+        once) and return its id: its outputs go to `sink`, on the event loop, and `on_end`
+        is called there once it has ended (finished, failed, expired, stopped or aborted).
+        Parameters the data plane's admission resolved are taken as they are.
+        `arrival_time` (time.monotonic()) is when the server received it."""
+        resolved = self._resolve(params, len(prompt_token_ids))
         self.handoff.loop = asyncio.get_running_loop()
-        request_id = f"{self.name}-{next(self._ids)}"
+        request_id = f"{self.name}-{next(_REQUEST_IDS)}"
         arrived = time.monotonic() if arrival_time is None else arrival_time
         request = Request(request_id, list(prompt_token_ids), resolved, arrived, deadline)
         with self._wake:
             if self._stopping is not None:
                 raise self._stopping
             self.scheduler.add_request(request)
-            collector = self.output_processor.add_request(request)
+            self._sinks[request_id] = (sink, on_end)
             self._wake.notify()
-        return request_id, collector
+        return request_id
 
     async def generate(
         self,
@@ -168,25 +168,53 @@ class GenerationEngine:
         deadline: float | None = None,
         arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Admit, then yield chunks until the last one; a reader that goes away (cancel,
-        disconnect, break) aborts the request and frees its blocks."""
-        request_id, collector = self.add_request(prompt_token_ids, params, deadline, arrival_time)
-        finished = False
-        try:
-            while not finished:
-                chunk = await collector.get()
-                finished = chunk.finished
-                yield chunk
-        finally:
-            if not finished:
-                self.abort(request_id)
+        """One request's chunks, text included, read right here (tools and benchmarks
+        that drive an engine without a server); a reader that goes away aborts it."""
+        if self._streams is None:
+            self._streams = OutputStreams(self.stop, self.abort)
+        arrived = time.monotonic() if arrival_time is None else arrival_time
+        resolved = self._resolve(params, len(prompt_token_ids))
+        request_id = self.add_request(prompt_token_ids, resolved, deadline, arrived, self._streams)
+        collector = self._streams.open(
+            request_id, self.directory.tokenizer, prompt_token_ids, resolved, arrived
+        )
+        async for chunk in self._streams.stream(request_id, collector):
+            yield chunk
+
+    def _resolve(
+        self, params: SamplingParams | ResolvedSamplingParams, prompt_len: int
+    ) -> ResolvedSamplingParams:
+        if isinstance(params, ResolvedSamplingParams):
+            return params
+        return params.resolve(
+            self.defaults,
+            prompt_len=prompt_len,
+            max_model_len=self.limits.max_model_len,
+            vocab_size=self.directory.spec.vocab_size,
+        )
 
     def abort(self, request_id: str) -> None:
-        """Abort a request: its slot is dropped now, its blocks freed at the next step."""
-        self.output_processor.abort_requests([request_id])
+        """Abort a request (event loop): its sink hears nothing more, its blocks are freed
+        at the next step."""
+        self._end(request_id)
         with self._wake:
             self._aborts.append(request_id)
             self._wake.notify()
+
+    def stop(self, request_ids: Sequence[str]) -> None:
+        """Stop strings ended these requests (event loop): their streams have their last
+        chunk; they finish as stopped at the next step."""
+        for request_id in request_ids:
+            self._end(request_id)
+        with self._wake:
+            self._stops.extend(request_ids)
+            self._wake.notify()
+
+    def _end(self, request_id: str) -> None:
+        """Event loop: forget a request's sink, tell its owner it has ended."""
+        held = self._sinks.pop(request_id, None)
+        if held is not None and held[1] is not None:
+            held[1]()
 
     def stats(self) -> EngineStats:
         """Counters and the KV cache's state."""
@@ -224,12 +252,39 @@ class GenerationEngine:
         self._thread.join(timeout=30)
 
     def _deliver(self, outputs: list[EngineCoreOutput]) -> None:
-        """Event loop: chunks into slots; stop strings finish their requests next step."""
-        to_stop = self.output_processor.process_outputs(outputs)
-        if to_stop:
-            with self._wake:
-                self._stops.extend(to_stop)
-                self._wake.notify()
+        """Event loop: each sink gets its requests' outputs in one call; a finished
+        request ends after its sink has its last output."""
+        sinks = self._sinks
+        groups: dict[int, tuple[OutputSink, list[EngineCoreOutput]]] = {}
+        finished = []
+        for output in outputs:
+            held = sinks.get(output.request_id)
+            if held is None:
+                continue  # aborted or stopped while the step ran
+            group = groups.get(id(held[0]))
+            if group is None:
+                groups[id(held[0])] = (held[0], [output])
+            else:
+                group[1].append(output)
+            if output.finished:
+                finished.append(output.request_id)
+        for sink, theirs in groups.values():
+            sink.outputs(theirs)
+        for request_id in finished:
+            self._end(request_id)
+
+    def _ended(self, request_ids: Sequence[str], error: TensordError | None) -> None:
+        """Event loop: these requests failed with `error`, or (None) their deadlines
+        passed; their sinks hear it."""
+        for request_id in request_ids:
+            held = self._sinks.get(request_id)
+            if held is None:
+                continue
+            if error is None:
+                held[0].expired([request_id])
+            else:
+                held[0].failed([request_id], error)
+            self._end(request_id)
 
     # -- the engine thread -------------------------------------------------------------
 
@@ -253,9 +308,7 @@ class GenerationEngine:
                 if output.preempted_req_ids:
                     self.runner.reset()
                 if output.expired_req_ids:
-                    self.handoff.call_after_held(
-                        self.output_processor.expire_requests, output.expired_req_ids
-                    )
+                    self.handoff.call_after_held(self._ended, output.expired_req_ids, None)
                 if output.is_empty:
                     # Nothing fits now: wait for an abort, a new request or a deadline.
                     self.handoff.release_held()
@@ -265,6 +318,8 @@ class GenerationEngine:
                 self._step(output, began)
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.error("engine.step_failed", model=self.name, error=repr(exc), exc_info=exc)
+                if isinstance(exc, DeviceLostError):
+                    self.on_device_lost(exc)
                 self.runner.reset()
                 error = (
                     exc
@@ -345,4 +400,4 @@ class GenerationEngine:
     def _fail(self, request_ids: Sequence[str], error: TensordError) -> None:
         """Under the lock: finish requests (blocks freed) and end their streams with error."""
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ERROR)
-        self.handoff.call_after_held(self.output_processor.fail_requests, list(request_ids), error)
+        self.handoff.call_after_held(self._ended, list(request_ids), error)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,7 +23,8 @@ from tokenizers import Tokenizer
 
 from tensord.errors import DeadlineExceededError, InternalError, TensordError
 from tensord.generate.core.outputs import EngineCoreOutput, RequestOutput, Usage
-from tensord.generate.core.request import Request, RequestStatus
+from tensord.generate.core.request import RequestStatus
+from tensord.generate.core.sampling_params import ResolvedSamplingParams
 from tensord.generate.engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 
@@ -98,6 +99,7 @@ class RequestState:
     stop_matcher: StopStringMatcher | None
     collector: RequestOutputCollector
     logprobs: bool
+    timings: TokenTimings | None = None
     num_output_tokens: int = 0
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -115,39 +117,51 @@ class RequestState:
 
 
 class OutputProcessor:
-    """Detokenizes, stops on text, and fills each request's output slot."""
+    """Detokenizes, stops on text, and fills each request's output slot. It serves the
+    requests of any number of engines: each brings its own tokenizer."""
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         timings: TokenTimings | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        """The tokenizer of requests added without one."""
         self._clock = clock
         self.request_states: dict[str, RequestState] = {}
         self.timings = timings
-        """Also told every token's timing (the server's metrics), or None."""
+        """Told the token timings of requests added without their own, or None."""
 
     def add_request(
-        self, request: Request, skip_special_tokens: bool = True
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: ResolvedSamplingParams,
+        arrival_time: float,
+        *,
+        tokenizer: Tokenizer | None = None,
+        timings: TokenTimings | None = None,
+        skip_special_tokens: bool = True,
     ) -> RequestOutputCollector:
-        """Start tracking a request; returns the slot its stream reads from."""
-        if request.request_id in self.request_states:
-            raise ValueError(f"request id {request.request_id!r} is already tracked")
-        params = request.sampling_params
+        """Start tracking a request; returns the slot its stream reads from. `timings` is
+        where its token timings go besides its Usage (the model's histograms)."""
+        if request_id in self.request_states:
+            raise ValueError(f"request id {request_id!r} is already tracked")
+        tokenizer = tokenizer or self.tokenizer
+        if tokenizer is None:
+            raise ValueError("a request needs a tokenizer: give one, or the processor one")
         state = RequestState(
-            request_id=request.request_id,
-            num_prompt_tokens=request.num_prompt_tokens,
-            arrival_time=request.arrival_time,
-            detokenizer=IncrementalDetokenizer(
-                self.tokenizer, request.prompt_token_ids, skip_special_tokens
-            ),
+            request_id=request_id,
+            num_prompt_tokens=len(prompt_token_ids),
+            arrival_time=arrival_time,
+            detokenizer=IncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens),
             stop_matcher=StopStringMatcher(params.stop) if params.stop else None,
             collector=RequestOutputCollector(),
             logprobs=params.logprobs > 0,
+            timings=timings or self.timings,
         )
-        self.request_states[request.request_id] = state
+        self.request_states[request_id] = state
         return state.collector
 
     def process_outputs(self, outputs: Iterable[EngineCoreOutput]) -> list[str]:
@@ -191,6 +205,10 @@ class OutputProcessor:
                     )
                 )
 
+    def unstarted(self) -> list[str]:
+        """The requests that have had no token yet."""
+        return [s.request_id for s in self.request_states.values() if not s.num_output_tokens]
+
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Forget requests whose client went away; nobody reads their slots any more."""
         for request_id in request_ids:
@@ -229,7 +247,7 @@ class OutputProcessor:
         if first:
             state.first_token_time = now
         last, state.last_token_time = state.last_token_time, now
-        timings = self.timings
+        timings = state.timings
         if timings is None or count <= 0:
             return
         if first or last is None:

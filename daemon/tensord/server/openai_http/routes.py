@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tensord.access import current_principal
-from tensord.dataplane import DataPlane, GenerateCall, RequestOutput, text_bytes
+from tensord.dataplane import GENERATOR, DataPlane, GenerateCall, RequestOutput, text_bytes
 from tensord.errors import RateLimitedError, ResourceExhaustedError
 from tensord.observability import RequestObserver
 from tensord.observability.tracing import HttpExchange
@@ -227,25 +227,25 @@ class OpenAIRoutes:
         response starts), then answer whole or as a stream. It holds its bytes of the
         in-flight budget and a stream slot, as a gRPC Generate does, until it ends."""
         call.model = req.model
+        entry = self.dataplane.lookup(req.model, 0, GENERATOR)
         # By size first: a prompt certainly too long for the model is refused before its
         # ids are looked at one by one or its text is tokenised.
         prompt_bytes = text_bytes(req.prompt)
-        self.dataplane.check_prompt_size(req.model, 0, prompt_bytes, len(req.prompt_token_ids))
+        self.dataplane.check_prompt_size(entry, prompt_bytes, len(req.prompt_token_ids))
         check_token_ids(req.prompt_token_ids)
         held = contextlib.AsyncExitStack()
         try:
             held.enter_context(self.intake.budget(size))
             ids = req.prompt_token_ids
             if chat:
-                ids = await self.dataplane.chat_prompt(req.model, 0, req.messages)
+                ids = await self.dataplane.chat_prompt(entry, req.messages)
             if self.stream_slots is not None:
                 held.enter_context(self.stream_slots.held())
             generate = GenerateCall(req.model, 0, req.prompt, ids, req.sampling, None, arrival)
             logprobs = None
-            if req.logprobs is not None:  # the tokenizer of the version generate() takes
-                texts = self.dataplane.token_texts(req.model, 0)
-                logprobs = Logprobs(chat, req.logprobs, texts)
-            chunks = self.dataplane.generate(generate)
+            if req.logprobs is not None:
+                logprobs = Logprobs(chat, req.logprobs, self.dataplane.token_texts(entry))
+            chunks = self.dataplane.generate(generate, entry)
             held.push_async_callback(chunks.aclose)
             first = await anext(chunks)
         except BaseException:
