@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,24 +24,9 @@ import use_venv
 from machine import write_results
 from point import LoadSpec, measure
 from procs import ProcessGroup, exit_on_signals
-from servers import start_tensord
+from servers import checkout, checkout_pythonpath, foreign_tensord_note, start_tensord
 
 REPO = use_venv.REPO
-
-
-def checkout(rev: str) -> Path:
-    """A detached worktree of `rev` under build/ab (made once)."""
-    sha = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
-        cwd=REPO, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    path = REPO / "build" / "ab" / sha[:12]
-    if not path.exists():
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", "--force", str(path), sha],
-            cwd=REPO, check=True, capture_output=True,
-        )  # fmt: skip
-    return path
 
 
 def main() -> int:
@@ -58,9 +42,11 @@ def main() -> int:
     base = checkout(args.base)
     started = datetime.now(UTC)
     exit_on_signals()
+    if note := foreign_tensord_note():
+        print(note, flush=True)
     points: list[dict[str, Any]] = []
     with ProcessGroup() as procs, open(os.devnull, "w") as log:
-        path = f"{base / 'daemon'}:{base / 'clients' / 'python'}"
+        path = checkout_pythonpath(base)
         old = start_tensord(procs, args.repository, log, name="base", pythonpath=path)
         new = start_tensord(procs, args.repository, log, name="this")
         time.sleep(1.0)

@@ -10,6 +10,10 @@ daemon answers UNAVAILABLE while it loads and warms its models). A daemon starte
 `[server] frontends` above 0 counts as started once its supervisor logs
 `supervisor.ready` (every frontend listens); its engine and frontends are watched
 beside the supervisor by the pids the supervisor logs.
+
+Another commit's daemon (ab_bench.py, generate_bench.py --base) runs from a detached
+worktree of it under build/ab/ (`checkout`), with `start_tensord(pythonpath=...)` set to
+that checkout's sources (`checkout_pythonpath`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from procs import ProcessGroup, free_port, python_script, read_line, wait_for_po
 
 HOST = "127.0.0.1"
 _START_TIMEOUT_S = 60.0
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(slots=True)
@@ -124,6 +129,43 @@ def start_tensord(
         raise ValueError("a daemon with frontends needs log_level info to name its children")
     children = wait_supervised(log, proc, _START_TIMEOUT_S)
     return Server(name, proc, f"{HOST}:{port}", tuple(children))
+
+
+def checkout(rev: str) -> Path:
+    """A detached worktree of `rev` under build/ab (made once, kept for later runs)."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    path = REPO / "build" / "ab" / sha[:12]
+    if not path.exists():
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", "--force", str(path), sha],
+            cwd=REPO, check=True, capture_output=True,
+        )  # fmt: skip
+    return path
+
+
+def checkout_pythonpath(path: Path) -> str:
+    """PYTHONPATH that makes the checkout at `path` the tensord (and tensord_client)
+    imported: start_tensord's `pythonpath` for another commit's daemon."""
+    return f"{path / 'daemon'}:{path / 'clients' / 'python'}"
+
+
+def foreign_tensord_note() -> str:
+    """A warning when the tensord imported here (and so run by start_tensord without
+    `pythonpath`) is not this checkout's, as when the venv's editable install points at
+    another worktree; "" when it is."""
+    import tensord
+
+    where = Path(tensord.__file__).resolve().parent
+    if where.is_relative_to(REPO / "daemon"):
+        return ""
+    return (
+        f"note: tensord is imported from {where}, not from this checkout: the daemon "
+        f"measured as this checkout's is that one (PYTHONPATH={checkout_pythonpath(REPO)} "
+        "makes it this checkout's)"
+    )
 
 
 def log_events(log: IO[str]) -> list[dict[str, Any]]:
