@@ -2,6 +2,7 @@
 
     python benchmarks/generate_bench.py [--streams 1,4,16,32] [--rounds 9] [--quick]
     python benchmarks/generate_bench.py --frontends 0,1,2 [--connections K] [--quick]
+    python benchmarks/generate_bench.py --frontends 0,1 --base REV [--rounds 3]
 
 For each stream count N, N concurrent clients each send greedy requests back to back
 (`--requests` each; by default at least 3, and enough for 1024 tokens a window), prompts
@@ -31,6 +32,16 @@ is listed, else one for all), the same for every daemon. Every request's
 tokens are compared with the plain loop's for its prompt and with the first daemon's;
 each daemon's log lines at warning and above, failed calls and stalls (a gap of a
 second or more between two chunks of a stream) are reported.
+
+--base REV also starts, for each frontends count, the same daemon from REV's checkout
+(build/ab/<sha>, a detached git worktree as ab_bench.py makes, kept for later runs;
+labelled `base 1 process`, `base 1 frontend`, ...): they take turns in each round like the
+others, their tokens are compared with the first daemon's, and their `/ 1 proc` is over
+the base one-process daemon's. A last table gives, for each frontends count and stream
+count, the CPU µs per generated token of this checkout's daemon and of the base's and
+their ratio (this / base): for the engine, the frontends (summed) and the whole daemon
+(supervisor, engine and frontends; at 0 frontends the one process), and the median of
+the rounds' tokens/s ratios.
 Results go to benchmarks/results/generate-<timestamp>.json.
 """
 
@@ -58,7 +69,13 @@ from frontends_bench import Daemon, daemon_log_notes, frontend_connections, log_
 from generate_limit import greedy_with_past, make_session, sample_prompts
 from machine import write_results
 from procs import ProcessGroup, exit_on_signals
-from servers import Server, start_tensord
+from servers import (
+    Server,
+    checkout,
+    checkout_pythonpath,
+    foreign_tensord_note,
+    start_tensord,
+)
 from stats import percentile
 
 from tensord.eventloop import run
@@ -118,6 +135,8 @@ class Round:
     """Cores of CPU that no watched process used during the window (load from outside)."""
     vs_one_process: float | None = None
     """tokens/s over the one-process daemon's in the same round (with --frontends)."""
+    vs_base: float | None = None
+    """tokens/s over the base daemon's with as many frontends, same round (with --base)."""
     frontend_connections: dict[str, int] = field(default_factory=dict)
 
 
@@ -154,12 +173,37 @@ class StreamPoint:
     connections: int = 1
     vs_one_process: float | None = None
     """Median of the rounds' tokens/s over the one-process daemon's (with --frontends)."""
+    base: bool = False
+    """Whether the daemon is REV's (--base)."""
+    vs_base: float | None = None
+    """Median of the rounds' tokens/s over the base daemon's (with --base)."""
     cpu_us_per_token: dict[str, float] = field(default_factory=dict)
     """CPU µs per generated token over the rounds' windows, by process: `daemon` (one
     process) or `supervisor`, `engine`, `frontend.i`; `client` (this process)."""
     errors: list[str] = field(default_factory=list)
     stalls: int = 0
     tokens_check: TokenCheck = field(default_factory=TokenCheck)
+
+
+@dataclass
+class BaseDaemon(Daemon):
+    """A daemon of REV's checkout (--base)."""
+
+    @property
+    def label(self) -> str:
+        return "base " + super().label
+
+
+Key = tuple[int, bool]
+"""A daemon's frontends count and whether it is REV's (--base)."""
+
+
+def _key(daemon: Daemon) -> Key:
+    return daemon.frontends, isinstance(daemon, BaseDaemon)
+
+
+def _point_key(point: StreamPoint) -> Key:
+    return point.frontends, point.base
 
 
 def _limit(
@@ -190,6 +234,12 @@ async def _wait_ready(target: str, timeout_s: float = 120.0) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"generate_bench: the daemon at {target} is not serving")
             await asyncio.sleep(0.1)
+
+
+def requests_per_stream(streams: int, new_tokens: int) -> int:
+    """The default requests per stream and window: at least 3, and enough for
+    _WINDOW_TOKENS tokens a window."""
+    return max(3, -(-_WINDOW_TOKENS // (streams * new_tokens)))
 
 
 def _summarise(streams: int, requests: int, windows: list[Window]) -> StreamPoint:
@@ -318,6 +368,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="TCP connections the streams spread over, at most one per stream (default: one "
         "per stream when --frontends lists a count above 0, else 1)",
     )
+    parser.add_argument(
+        "--base",
+        metavar="REV",
+        help="also run each daemon from REV's checkout, and compare CPU per token with it",
+    )
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -375,10 +430,11 @@ def _num(value: float | None, fmt: str = ".0f") -> str:
     return format(value, fmt) if value is not None else "-"
 
 
-def _render_modes(points: list[StreamPoint], labels: dict[int, str]) -> str:
+def _render_modes(points: list[StreamPoint], labels: dict[Key, str]) -> str:
     """Tokens/s of each daemon against the one-process one, and CPU per token by process."""
+    w = max(12, *map(len, labels.values()))
     head = (
-        f"{'daemon':<12} {'streams':>7} {'conn':>4} {'tok/s':>7} {'/ 1 proc':>8} {'/ limit':>7} "
+        f"{'daemon':<{w}} {'streams':>7} {'conn':>4} {'tok/s':>7} {'/ 1 proc':>8} {'/ limit':>7} "
         f"| {'1 proc':>6} {'superv':>6} {'engine':>6} {'fronts':>6} {'client':>6} | "
         f"{'conn/fe':>8}"
     )
@@ -387,13 +443,14 @@ def _render_modes(points: list[StreamPoint], labels: dict[int, str]) -> str:
         head,
         "-" * len(head),
     ]
-    for p in sorted(points, key=lambda p: (p.streams, p.frontends)):
+    for p in sorted(points, key=lambda p: (p.streams, p.frontends, p.base)):
         cpu = p.cpu_us_per_token
         fronts = [v for k, v in cpu.items() if k.startswith("frontend.")]
         middle = sorted(p.rounds, key=lambda r: r.ratio)[len(p.rounds) // 2]
         spread = middle.frontend_connections
         lines.append(
-            f"{labels[p.frontends]:<12} {p.streams:>7} {p.connections:>4} {p.tokens_per_s:>7.0f} "
+            f"{labels[_point_key(p)]:<{w}} {p.streams:>7} {p.connections:>4} "
+            f"{p.tokens_per_s:>7.0f} "
             f"{_num(p.vs_one_process, '.2f'):>8} {p.ratio:>7.2f} | {_num(cpu.get('daemon')):>6} "
             f"{_num(cpu.get('supervisor'), '.1f'):>6} {_num(cpu.get('engine')):>6} "
             f"{_num(sum(fronts) if fronts else None):>6} {_num(cpu.get('client')):>6} | "
@@ -402,6 +459,83 @@ def _render_modes(points: list[StreamPoint], labels: dict[int, str]) -> str:
     lines.append(
         "(/ 1 proc: median of the rounds' tokens/s over the one-process daemon's; fronts: the "
         "frontends summed; conn/fe: connections each frontend held, median round)"
+    )
+    return "\n".join(lines)
+
+
+def _daemon_cpu(cpu: dict[str, float]) -> dict[str, float | None]:
+    """CPU µs per token of the engine, the frontends (summed) and the whole daemon (the one
+    process, or the supervisor, the engine and the frontends); None where it has none."""
+    fronts = [v for k, v in cpu.items() if k.startswith("frontend.")]
+    if "daemon" in cpu:
+        total: float | None = cpu["daemon"]
+    elif "engine" in cpu:
+        total = cpu.get("supervisor", 0.0) + cpu["engine"] + sum(fronts)
+    else:
+        total = None
+    return {
+        "engine": cpu.get("engine"),
+        "frontends": sum(fronts) if fronts else None,
+        "daemon": total,
+    }
+
+
+def _ratio(this: float | None, base: float | None) -> float | None:
+    return this / base if this is not None and base else None
+
+
+def compare_base(points: list[StreamPoint]) -> list[dict[str, Any]]:
+    """For each frontends count and stream count: CPU µs per token of this checkout's
+    daemon and of the base's, by part, and this / base; and the rounds' median tokens/s
+    ratio."""
+    bases = {(p.frontends, p.streams): p for p in points if p.base}
+    out = []
+    for p in sorted(points, key=lambda p: (p.frontends, p.streams)):
+        b = bases.get((p.frontends, p.streams))
+        if p.base or b is None:
+            continue
+        this, base = _daemon_cpu(p.cpu_us_per_token), _daemon_cpu(b.cpu_us_per_token)
+        out.append(
+            {
+                "frontends": p.frontends,
+                "streams": p.streams,
+                "cpu_us_per_token": {"this": this, "base": base},
+                "cpu_ratio": {k: _ratio(this[k], base[k]) for k in this},
+                "tokens_per_s": {"this": p.tokens_per_s, "base": b.tokens_per_s},
+                "tokens_per_s_ratio": p.vs_base,
+            }
+        )
+    return out
+
+
+def _render_base(rows: list[dict[str, Any]], labels: dict[Key, str], base: str) -> str:
+    """compare_base's rows as a table."""
+    w = max(12, *map(len, labels.values()))
+    head = (
+        f"{'daemon':<{w}} {'streams':>7} | {'engine':>6} {'base':>6} {'ratio':>6} | "
+        f"{'fronts':>6} {'base':>6} {'ratio':>6} | {'daemon':>6} {'base':>6} {'ratio':>6} | "
+        f"{'tok/s ratio':>11}"
+    )
+    lines = [
+        f"this checkout against {base}: CPU µs per generated token, this, base and this / base",
+        head,
+        "-" * len(head),
+    ]
+    for row in rows:
+        this, old = row["cpu_us_per_token"]["this"], row["cpu_us_per_token"]["base"]
+        ratio = row["cpu_ratio"]
+        cells = [
+            f"{_num(this[k]):>6} {_num(old[k]):>6} {_num(ratio[k], '.3f'):>6}"
+            for k in ("engine", "frontends", "daemon")
+        ]
+        lines.append(
+            f"{labels[(row['frontends'], False)]:<{w}} {row['streams']:>7} | "
+            + " | ".join(cells)
+            + f" | {_num(row['tokens_per_s_ratio'], '.3f'):>11}"
+        )
+    lines.append(
+        "(fronts: the frontends summed; daemon: the one process, or the supervisor, the "
+        "engine and the frontends; tok/s ratio: median of the rounds' this / base)"
     )
     return "\n".join(lines)
 
@@ -433,7 +567,7 @@ def _check_tokens(
     return check
 
 
-def _token_lines(points: list[StreamPoint], labels: dict[int, str], first: int) -> list[str]:
+def _token_lines(points: list[StreamPoint], labels: dict[Key, str], first: Key) -> list[str]:
     checked = sum(p.tokens_check.requests for p in points)
     odd = [p for p in points if p.tokens_check.differ_from_loop or p.tokens_check.differ_from_first]
     if not odd:
@@ -442,17 +576,17 @@ def _token_lines(points: list[StreamPoint], labels: dict[int, str], first: int) 
     for p in odd:
         c = p.tokens_check
         lines.append(
-            f"  {labels[p.frontends]}, {p.streams} streams: {c.differ_from_loop} of "
+            f"  {labels[_point_key(p)]}, {p.streams} streams: {c.differ_from_loop} of "
             f"{c.requests} differ from the plain loop, {c.differ_from_first} from "
             f"{labels[first]}; first: {c.first_difference}"
         )
     return lines
 
 
-def _warning_lines(points: list[StreamPoint], labels: dict[int, str]) -> list[str]:
+def _warning_lines(points: list[StreamPoint], labels: dict[Key, str]) -> list[str]:
     out = []
     for p in points:
-        where = f"{labels[p.frontends]}, {p.streams} streams"
+        where = f"{labels[_point_key(p)]}, {p.streams} streams"
         if p.errors:
             out.append(f"  {where}: {len(p.errors)} failed requests, first {p.errors[0]!r}")
         if p.stalls:
@@ -467,14 +601,30 @@ def _warning_lines(points: list[StreamPoint], labels: dict[int, str]) -> list[st
 
 
 def _start_daemon(
-    procs: ProcessGroup, stack: ExitStack, repository: Path, frontends: int
+    procs: ProcessGroup,
+    stack: ExitStack,
+    repository: Path,
+    frontends: int,
+    base: Path | None = None,
 ) -> Daemon:
     """`tensord serve`: one process logging at warning, or a supervisor logging
-    at info (it names its children there)."""
-    if frontends:
+    at info (it names its children there); `base`: the one of that checkout."""
+    if frontends and base is None:
         return start_daemon(procs, stack, repository, frontends)
     log = stack.enter_context(tempfile.TemporaryFile("w+"))  # noqa: SIM115 - the stack closes it
-    return Daemon(start_tensord(procs, repository, log, frontends=0), 0, log)
+    if base is None:
+        return Daemon(start_tensord(procs, repository, log, frontends=0), 0, log)
+    name = "base-tensord" + (f"-f{frontends}" if frontends else "")
+    server = start_tensord(
+        procs,
+        repository,
+        log,
+        "info" if frontends else "warning",
+        frontends=frontends,
+        name=name,
+        pythonpath=checkout_pythonpath(base),
+    )
+    return BaseDaemon(server, frontends, log)
 
 
 def _watch(daemon: Daemon, daemons: list[Daemon]) -> list[tuple[str, int]]:
@@ -512,16 +662,26 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model_repository / MODEL
     spec = read_generator_spec(model_dir)
     started = datetime.now(UTC)
+    base = checkout(args.base) if args.base else None
+    if base is not None and (note := foreign_tensord_note()):
+        print(note, flush=True)
+    # Each daemon by its frontends count and whether it is the base's (--base).
+    keys: list[Key] = [(f, False) for f in modes]
+    if base is not None:
+        keys += [(f, True) for f in modes]
     points: list[StreamPoint] = []
-    sequential_windows: dict[int, list[Window]] = {f: [] for f in modes}
-    gains: dict[int, list[float]] = {f: [] for f in modes}
+    sequential_windows: dict[Key, list[Window]] = {k: [] for k in keys}
+    gains: dict[Key, list[float]] = {k: [] for k in keys}
     threads = _engine_threads(args.model_repository)
     rounds = 2 if args.quick else max(1, args.rounds)
     cores = os.cpu_count() or 1
     session = make_session(spec, threads)
     with ProcessGroup() as procs, ExitStack() as stack:
-        daemons = [_start_daemon(procs, stack, args.model_repository, f) for f in modes]
-        labels = {d.frontends: d.label for d in daemons}
+        daemons = [
+            _start_daemon(procs, stack, args.model_repository, f, base if of_base else None)
+            for f, of_base in keys
+        ]
+        labels = {_key(d): d.label for d in daemons}
         # The clients run on the daemon's default loop (uvloop where installed): the cheaper
         # the client per chunk, the less it takes from the daemon on a small host.
         for d in daemons:
@@ -529,10 +689,10 @@ def main(argv: list[str] | None = None) -> int:
         for n in counts:
             prompts = sample_prompts(spec, n, args.prompt_len, seed=n)
             links = min(connections or n, n)
-            windows: dict[int, list[Window]] = {f: [] for f in modes}
-            paired: dict[int, list[Round]] = {f: [] for f in modes}
-            outputs: dict[int, list[tuple[int, list[int]]]] = {f: [] for f in modes}
-            per_stream = requests or max(3, -(-_WINDOW_TOKENS // (n * args.new_tokens)))
+            windows: dict[Key, list[Window]] = {k: [] for k in keys}
+            paired: dict[Key, list[Round]] = {k: [] for k in keys}
+            outputs: dict[Key, list[tuple[int, list[int]]]] = {k: [] for k in keys}
+            per_stream = requests or requests_per_stream(n, args.new_tokens)
             # One untimed round of each first: ONNX Runtime's arenas grow on the first
             # passes at a new batch size and length, on both sides.
             loop_tokens = greedy_with_past(session, spec, prompts, args.new_tokens).tokens
@@ -544,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
                 # whose speed drifts; the daemons take turns at going first.
                 limit, loop_tokens = _limit(session, spec, prompts, args.new_tokens, per_stream)
                 for d in daemons[r % len(daemons) :] + daemons[: r % len(daemons)]:
-                    f = d.frontends
+                    k = _key(d)
                     window = run(
                         _streams(
                             d.server.target,
@@ -557,9 +717,9 @@ def main(argv: list[str] | None = None) -> int:
                             d.server,
                         )
                     )
-                    windows[f].append(window)
-                    outputs[f] += window.outputs
-                    paired[f].append(
+                    windows[k].append(window)
+                    outputs[k] += window.outputs
+                    paired[k].append(
                         Round(
                             window.tokens_per_s,
                             limit,
@@ -573,51 +733,57 @@ def main(argv: list[str] | None = None) -> int:
                         alone = run(
                             _streams(d.server.target, prompts, 1, args.new_tokens, False, links)
                         )
-                        sequential_windows[f].append(alone)
-                        outputs[f] += alone.outputs
-                        gains[f].append(window.tokens_per_s / alone.tokens_per_s)
-                if 0 in modes:
-                    base = paired[0][-1].tokens_per_s
-                    for f in modes:
-                        paired[f][-1].vs_one_process = paired[f][-1].tokens_per_s / base
+                        sequential_windows[k].append(alone)
+                        outputs[k] += alone.outputs
+                        gains[k].append(window.tokens_per_s / alone.tokens_per_s)
+                for f, of_base in keys:
+                    last = paired[(f, of_base)][-1]
+                    if 0 in modes:
+                        last.vs_one_process = (
+                            last.tokens_per_s / paired[(0, of_base)][-1].tokens_per_s
+                        )
+                    if base is not None and not of_base:
+                        last.vs_base = last.tokens_per_s / paired[(f, True)][-1].tokens_per_s
             first: dict[int, list[int]] = {}
-            for index, tokens in outputs[modes[0]]:
+            for index, tokens in outputs[keys[0]]:
                 first.setdefault(index, tokens)
             for d in daemons:
-                f = d.frontends
-                point = _summarise(n, per_stream, windows[f])
-                point.rounds = paired[f]
+                k = _key(d)
+                point = _summarise(n, per_stream, windows[k])
+                point.rounds = paired[k]
                 # tok/s and limit of the round with the median ratio (with an odd number of
                 # rounds, the default, ratio = tok/s / limit in the table).
-                middle = sorted(paired[f], key=lambda r: r.ratio)[len(paired[f]) // 2]
+                middle = sorted(paired[k], key=lambda r: r.ratio)[len(paired[k]) // 2]
                 point.tokens_per_s = middle.tokens_per_s
                 point.limit_tokens_per_s = middle.limit_tokens_per_s
-                point.ratio = statistics.median(r.ratio for r in paired[f])
-                point.frontends = f
+                point.ratio = statistics.median(r.ratio for r in paired[k])
+                point.frontends, point.base = k
                 point.connections = links
                 if 0 in modes:
                     point.vs_one_process = statistics.median(
-                        r.vs_one_process or 0.0 for r in paired[f]
+                        r.vs_one_process or 0.0 for r in paired[k]
                     )
-                point.cpu_us_per_token = _cpu_per_token(d, windows[f])
+                if base is not None and not point.base:
+                    point.vs_base = statistics.median(r.vs_base or 0.0 for r in paired[k])
+                point.cpu_us_per_token = _cpu_per_token(d, windows[k])
                 point.tokens_check = _check_tokens(
-                    outputs[f], loop_tokens, first if f != modes[0] else None, labels[modes[0]]
+                    outputs[k], loop_tokens, first if k != keys[0] else None, labels[keys[0]]
                 )
                 points.append(point)
-                where = f"{n} streams" if len(modes) == 1 else f"{n} streams, {d.label}"
+                where = f"{n} streams" if len(keys) == 1 else f"{n} streams, {d.label}"
                 print(
                     f"{where}: tensord / limit per round: "
                     + ", ".join(
                         f"{r.tokens_per_s:.0f} / {r.limit_tokens_per_s:.0f} = {r.ratio:.2f}"
                         + (f" (steal {r.steal:.0%})" if r.steal >= 0.01 else "")
-                        for r in paired[f]
+                        for r in paired[k]
                     ),
                     flush=True,
                 )
                 if n == 16:
                     print(
                         f"{where}: concurrent / one at a time per round: "
-                        + ", ".join(f"{g:.2f}x" for g in gains[f]),
+                        + ", ".join(f"{g:.2f}x" for g in gains[k]),
                         flush=True,
                     )
         described = {d.server.name: d.describe() for d in daemons}
@@ -629,25 +795,29 @@ def main(argv: list[str] | None = None) -> int:
         stopped = info["stopped"]
         if stopped["exit_code"] or stopped["processes_left"]:
             notes.setdefault(name, []).append({"event": "bench.unclean_stop", **stopped})
-    by_mode: dict[int, dict[str, Any]] = {}
-    for f in modes:
-        seq = _summarise(1, 16, sequential_windows[f]) if sequential_windows[f] else None
-        by_mode[f] = {
-            "label": labels[f],
+    by_mode: dict[Key, dict[str, Any]] = {}
+    for k in keys:
+        seq = _summarise(1, 16, sequential_windows[k]) if sequential_windows[k] else None
+        by_mode[k] = {
+            "label": labels[k],
             "sequential_16": seq,
-            "batching_gain_16": statistics.median(gains[f]) if gains[f] else None,
-            "batching_gains_16": gains[f],
+            "batching_gain_16": statistics.median(gains[k]) if gains[k] else None,
+            "batching_gains_16": gains[k],
         }
-    for f in modes:
-        if len(modes) > 1:
-            print(f"\n{labels[f]}:")
-        mode_points = [p for p in points if p.frontends == f]
-        print(_render(mode_points, by_mode[f]["sequential_16"], by_mode[f]["batching_gain_16"]))
+    for k in keys:
+        if len(keys) > 1:
+            print(f"\n{labels[k]}:")
+        mode_points = [p for p in points if _point_key(p) == k]
+        print(_render(mode_points, by_mode[k]["sequential_16"], by_mode[k]["batching_gain_16"]))
     print()
     print(_render_modes(points, labels))
-    lines = _token_lines(points, labels, modes[0]) + log_lines(notes)
+    against_base = compare_base(points) if base is not None else []
+    if base is not None:
+        print()
+        print(_render_base(against_base, labels, f"{args.base} ({base.name})"))
+    lines = _token_lines(points, labels, keys[0]) + log_lines(notes)
     print("\n".join(lines + _warning_lines(points, labels)))
-    first_mode = by_mode[modes[0]]
+    first_mode = by_mode[keys[0]]
     write_results(
         REPO,
         args.results_dir,
@@ -665,6 +835,9 @@ def main(argv: list[str] | None = None) -> int:
                 "intra_op_threads": threads,
                 "frontends": modes,
                 "connections": connections or "one per stream",
+                "base": {"rev": args.base, "commit": base.name, "checkout": str(base)}
+                if base is not None
+                else None,
             },
             "points": [asdict(p) for p in points],
             "sequential_16": asdict(first_mode["sequential_16"])
@@ -673,12 +846,13 @@ def main(argv: list[str] | None = None) -> int:
             "batching_gain_16": first_mode["batching_gain_16"],
             "batching_gains_16": first_mode["batching_gains_16"],
             "by_frontends": {
-                str(f): {
+                ("base " if of_base else "") + str(f): {
                     **m,
                     "sequential_16": asdict(m["sequential_16"]) if m["sequential_16"] else None,
                 }
-                for f, m in by_mode.items()
+                for (f, of_base), m in by_mode.items()
             },
+            "against_base": against_base,
             "daemons": described,
             "daemon_log": notes,
         },
