@@ -229,10 +229,14 @@ class DataPlane:
         collector = self.streams.open(request_id, tokenizer, ids, params, arrival, timings)
         metrics = self.generation_metrics
         recorder = metrics.stream(entry.name, len(ids)) if metrics else None
-        async for chunk in self.streams.stream(request_id, collector):
-            if recorder is not None:
-                recorder.tokens(len(chunk.token_ids))
-            yield chunk
+        chunks = self.streams.stream(request_id, collector)
+        try:
+            async for chunk in chunks:
+                if recorder is not None:
+                    recorder.tokens(len(chunk.token_ids))
+                yield chunk
+        finally:
+            await chunks.aclose()  # a reader gone before the end aborts the request now
 
     async def _tokenise(self, entry: TableEntry, text: str) -> list[int]:
         """A text prompt's ids: the version's prefix (its BOS), then the text's (a long

@@ -178,8 +178,12 @@ class GenerationEngine:
         collector = self._streams.open(
             request_id, self.directory.tokenizer, prompt_token_ids, resolved, arrived
         )
-        async for chunk in self._streams.stream(request_id, collector):
-            yield chunk
+        chunks = self._streams.stream(request_id, collector)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()
 
     def _resolve(
         self, params: SamplingParams | ResolvedSamplingParams, prompt_len: int

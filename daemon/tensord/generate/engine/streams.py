@@ -11,7 +11,7 @@ vLLM's output processing runs in its API servers.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
 from tokenizers import Tokenizer
@@ -72,7 +72,7 @@ class OutputStreams:
 
     async def stream(
         self, request_id: str, collector: RequestOutputCollector
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """The request's chunks until the last; a reader that goes away (cancel,
         disconnect, break) aborts the request, which frees its KV cache."""
         finished = False

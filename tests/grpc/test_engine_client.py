@@ -1,0 +1,116 @@
+"""The data plane over the engine process's client, over real rings in one process: the
+engine sends token ids only, and the frontend's data plane makes the same text, stops and
+chunks the one-process data plane makes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensord.config import TensordConfig, load_config
+from tensord.dataplane import DataPlane, GenerateCall, LocalEngine, SamplingParams
+from tensord.procs.engine import EngineHost
+from tensord.procs.remote import RemoteEngine
+from tensord.procs.ring import Ring
+from tests.models import SMALL_GENERATOR_TOML
+
+MODEL = "tinylm"
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+
+
+@pytest.fixture(scope="module")
+def config(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> TensordConfig:
+    root = tmp_path_factory.mktemp("engine-client")
+    shutil.copytree(demo_repo / MODEL, root / MODEL)
+    (root / MODEL / "model.toml").write_text(SMALL_GENERATOR_TOML)
+    return load_config(None, env={}, overrides={"model_repository": str(root)})
+
+
+async def _text(plane: DataPlane, **sampling: Any) -> tuple[list[int], str, str | None]:
+    params = SamplingParams(temperature=0.0, **sampling)
+    call = GenerateCall(MODEL, 0, PROMPT, [], params, None)
+    tokens: list[int] = []
+    text, finish = "", None
+    async for chunk in plane.generate(call):
+        tokens += chunk.token_ids
+        text += chunk.text
+        finish = chunk.finish_reason
+    return tokens, text, finish
+
+
+def _other_end(ring: Ring) -> Ring:
+    """The same ring attached again, as the other process attaches it (its own fds)."""
+    return Ring.attach(*(os.dup(fd) for fd in ring.fds()))
+
+
+async def _linked(engine: LocalEngine, config: TensordConfig) -> AsyncGenerator[Any, None]:
+    """A frontend's data plane over rings to an EngineHost serving `engine`; yields it
+    and the list of every message the engine sent."""
+    requests, replies = Ring.create(1 << 20), Ring.create(1 << 20)
+    host = EngineHost(engine)
+    host.add_frontend(0, replies, requests)
+    remote = RemoteEngine(config)
+    heard: list[Any] = []
+    received = remote._received
+
+    def recording(message: Any) -> None:
+        heard.extend(message[1] if message[0] == "batch" else [message])
+        received(message)
+
+    remote._received = recording  # type: ignore[method-assign]
+    remote.attach(_other_end(requests), _other_end(replies))
+    plane = DataPlane(remote, config)
+    await plane.load_models()
+    plane.serving = True
+    try:
+        yield plane, heard
+    finally:
+        await plane.close()
+        host.close()
+
+
+def test_the_engine_sends_token_ids_and_the_frontend_makes_the_text(
+    config: TensordConfig,
+) -> None:
+    async def run() -> None:
+        engine = LocalEngine.for_config(config)
+        await engine.load_models()
+        try:
+            alone = DataPlane(engine, config)
+            alone.serving = True
+            tokens, text, finish = await _text(alone, max_tokens=24, ignore_eos=True)
+            assert finish == "length" and len(tokens) == 24 and text
+            # A stop string from the middle of the text: the stream ends before it.
+            stop = text[len(text) // 2 :][:3]
+            assert stop.strip(), text
+            _, stopped, reason = await _text(alone, max_tokens=24, ignore_eos=True, stop=[stop])
+            assert reason == "stop" and stopped == text[: text.index(stop)]
+
+            linked = _linked(engine, config)
+            plane, heard = await anext(linked)
+            assert await _text(plane, max_tokens=24, ignore_eos=True) == (tokens, text, finish)
+            again = await _text(plane, max_tokens=24, ignore_eos=True, stop=[stop])
+            assert again[1:] == (stopped, "stop")
+            kinds = {message[0] for message in heard}
+            assert kinds <= {"table", "tokens", "ended"}, kinds
+            outputs = [o for message in heard if message[0] == "tokens" for o in message[1]]
+            assert outputs and not any(isinstance(v, str) for o in outputs for v in o), (
+                "text crossed the ring: the engine detokenized"
+            )
+            # The stop string's request was stopped in the engine: nothing left running.
+            for _ in range(100):
+                if not engine._generations:
+                    break
+                await asyncio.sleep(0.01)
+            assert engine._generations == {}
+            await linked.aclose()
+        finally:
+            await engine.close()
+
+    asyncio.run(run())
