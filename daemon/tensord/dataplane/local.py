@@ -4,8 +4,9 @@ engines, behind the EngineClient interface.
 The one-process daemon's data plane drives it directly; in the engine process it serves
 every frontend's link (tensord.procs.engine). It runs what it is handed for the exact
 version named: the checks, the tokenising and the text are the data plane's. A version
-swapped out by a reload still serves the calls that picked it from the table before the
-swap (it is freed once they end), so a reload loses no call in either process mode.
+swapped out by a reload still serves the calls that reach it before it is freed (it is
+freed once the calls it holds end); a call for a version already freed gets UNAVAILABLE,
+which clients retry.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from tensord.dataplane.types import (
     TableEntry,
 )
 from tensord.devices import probe_cpu, probe_gpus
-from tensord.errors import DeviceLostError, UnavailableError
+from tensord.errors import DeviceLostError, NotFoundError, UnavailableError
 from tensord.eventloop import running_loop_name
 from tensord.executor.split import run_splitting_on_oom
 from tensord.generate.engine.engine import GenerationEngine
@@ -87,8 +88,9 @@ class LocalEngine:
         registry.on_device_lost = lambda exc: self.on_device_lost(exc)
         self._table = ModelTable(False, Readiness(False, "the models are loading"))
         self._generations: dict[str, GenerationEngine] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
         """Each live request's engine, by request id."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the generations run on (an engine thread's errors go there)."""
 
     @classmethod
     def for_config(
@@ -140,7 +142,12 @@ class LocalEngine:
                 mv.state is ModelState.UNLOADING and held is not None
             ):
                 return mv
-        state = "no longer served" if mv is None else f"{mv.state.name}"
+        if mv is None:
+            state = "no longer served"
+        elif not isinstance(mv, kind):
+            state = f"now a {mv.kind} model (reloaded)"
+        else:
+            state = mv.state.name
         raise UnavailableError(f"model {name!r} version {version} is {state}; retry shortly")
 
     async def predict(self, call: PredictCall) -> PredictResult:
@@ -251,7 +258,7 @@ class LocalEngine:
         entries = []
         versions = self.registry.versions()
         for mv in versions:
-            entry = TableEntry(mv.name, mv.version, mv.state, mv.reason, mv.kind)
+            entry = TableEntry(mv.name, mv.version, mv.state, mv.reason, mv.kind, mv.serial)
             if isinstance(mv, GeneratorVersion) and mv.engine is not None:
                 entry = self._generator_row(entry, mv.engine)
             elif isinstance(mv, PredictVersion) and mv.state is ModelState.READY:
@@ -262,7 +269,12 @@ class LocalEngine:
                     max_batch_size=mv.config.max_batch_size,
                 )
             entries.append(entry)
-        return ModelTable(self.loaded, judge(self.ready_when, versions), tuple(entries))
+        readiness = (
+            judge(self.ready_when, versions)
+            if self.loaded
+            else Readiness(False, "the models are loading")
+        )
+        return ModelTable(self.loaded, readiness, tuple(entries))
 
     def _generator_row(self, entry: TableEntry, engine: GenerationEngine) -> TableEntry:
         directory = engine.directory
@@ -313,7 +325,14 @@ class LocalEngine:
         )
 
     async def snapshots(self, model: str) -> list[ModelSnapshot]:
-        versions = self.registry.get_versions(model) if model else self.registry.versions()
+        """As EngineClient.snapshots; none for a model a reload has just removed (the data
+        plane answers from its table, with what its caller may see)."""
+        if not model:
+            return [model_snapshot(mv) for mv in self.registry.versions()]
+        try:
+            versions = self.registry.get_versions(model)
+        except NotFoundError:
+            return []
         return [model_snapshot(mv) for mv in versions]
 
     # -- the server's life -------------------------------------------------------------

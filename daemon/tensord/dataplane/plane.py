@@ -120,7 +120,7 @@ class DataPlane:
         other kind of model)."""
         if not self.serving:
             raise UnavailableError(NOT_SERVING)
-        if not authorised:
+        if not authorised or not model:  # an intake that read no name authorised none
             check_model(model)
         entry = self.engine.table.find(model, version, self._reasons())
         if entry.kind != kind:
@@ -128,8 +128,9 @@ class DataPlane:
         return entry
 
     def _still_ready(self, entry: TableEntry, asked: int, kind: Kind) -> TableEntry:
-        """After an await: `entry` as the table has it now, or the version the call
-        would go to now that a reload has swapped it out."""
+        """After an await: `entry`'s version as the table has it now (replaced in place by
+        a reload: the new load), or the version the call goes to now that a reload has
+        swapped it out."""
         same = self.engine.table.by_name.get(entry.name, {}).get(entry.version)
         if same is not None and same.state is ModelState.READY:
             return same
@@ -141,6 +142,8 @@ class DataPlane:
         """Check against the signature of the version that serves, then run it."""
         if entry is None:
             entry = self.lookup(call.model, call.version, PREDICT)
+        else:  # looked up before the request was parsed
+            entry = self._still_ready(entry, call.version, PREDICT)
         inputs = check_inputs(entry.name, entry.inputs, call.inputs, entry.max_batch_size)
         names = check_output_names(entry.name, entry.outputs, call.output_names)
         checked = PredictCall(entry.name, entry.version, list(inputs.items()), names, call.deadline)
@@ -191,6 +194,8 @@ class DataPlane:
         engine, and stream its chunks: text, stop strings and usage made here."""
         if entry is None:
             entry = self.lookup(call.model, call.version, GENERATOR)
+        else:  # looked up before the request was parsed
+            entry = self._still_ready(entry, call.version, GENERATOR)
         # By size first: a prompt certainly too long is never tokenised, nor its ids
         # looked at one by one.
         admit(GenerateFields(text_bytes(call.prompt), len(call.prompt_token_ids)), _row(entry))

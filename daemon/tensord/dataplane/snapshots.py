@@ -8,7 +8,6 @@ runs of a model may execute at once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from tensord.dataplane.types import (
     BatchingSnapshot,
@@ -25,13 +24,14 @@ GENERATOR_EXECUTOR = "cpu"
 """Where a generation engine's steps run: on the host (see model_runner.py)."""
 
 
-def model_snapshot(mv: ModelVersion, redact: Callable[[str], str] = str) -> ModelSnapshot:
-    """One version as Info shows it; `redact` is what its failure reason may show."""
+def model_snapshot(mv: ModelVersion) -> ModelSnapshot:
+    """One version as Info shows it, its failure reason whole (the data plane redacts it
+    for its caller)."""
     snapshot = ModelSnapshot(
         name=mv.name,
         version=mv.version,
         state=mv.state,
-        reason=redact(mv.reason),
+        reason=mv.reason,
         kind=mv.kind,
         backend=mv.config.backend,
         inputs=list(mv.inputs),

@@ -222,6 +222,9 @@ class TableEntry:
     reason: str
     """Why it is not READY, unredacted (a frontend redacts it for its caller)."""
     kind: str
+    serial: int = 0
+    """This load of the version (a version replaced under the same number by a reload
+    has a new one)."""
     generator: GeneratorEntry | None = None
     """A READY generator's admission row."""
     tokenizer_path: str = ""

@@ -2,7 +2,8 @@
 at each scrape, reads every child's own endpoint (a loopback port of its own) and adds
 them up.
 
-Frontends count requests, the engine the models, batches and generation: a series found in
+Frontends count requests and generated tokens (their data planes make the streams), the
+engine the models, batches and KV caches: a series found in
 several processes (the same name and labels) is their sum, so `tensord_requests_total` counts
 every frontend's calls and `process_cpu_seconds_total` the whole daemon's CPU. The
 exceptions are what a sum would make meaningless: start times (the earliest) and limits and

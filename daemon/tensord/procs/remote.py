@@ -67,7 +67,8 @@ class RemoteEngine:
         self._sinks: dict[int, OutputSink] = {}
         """Each generation in the engine, by call id: where its outputs go."""
         self._loaded = asyncio.Event()
-        self._tokenizers: dict[str, Tokenizer] = {}
+        self._tokenizers: dict[tuple[str, int], Tokenizer] = {}
+        """By tokenizer file and the load of the version that serves it."""
 
     @property
     def table(self) -> ModelTable:
@@ -78,6 +79,7 @@ class RemoteEngine:
     def attach(self, outgoing: Ring, incoming: Ring) -> None:
         """Use a (new) engine's rings; calls waiting on an old one get UNAVAILABLE."""
         self.detach()
+        self._tokenizers.clear()  # a new engine may serve new files under the same paths
         self._link = Link(outgoing, incoming, self._received)
         self._link.open()
 
@@ -120,8 +122,8 @@ class RemoteEngine:
             self._answered(kind, message[1], message[2])
         elif kind == "table":
             self._table = message[1]
-            paths = {e.tokenizer_path for e in self._table.versions}
-            for gone in set(self._tokenizers) - paths:  # versions no longer served
+            keys = {(e.tokenizer_path, e.serial) for e in self._table.versions}
+            for gone in set(self._tokenizers) - keys:  # versions no longer served
                 del self._tokenizers[gone]
             if self._table.loaded:
                 self._loaded.set()
@@ -218,11 +220,11 @@ class RemoteEngine:
             self._post(("stop", stopped))
 
     def tokenizer(self, entry: TableEntry) -> Tokenizer:
-        """The version's tokenizer, read here from its file (once per file)."""
-        path = entry.tokenizer_path
-        tokenizer = self._tokenizers.get(path)
+        """The version's tokenizer, read here from its file (once per load)."""
+        key = (entry.tokenizer_path, entry.serial)
+        tokenizer = self._tokenizers.get(key)
         if tokenizer is None:
-            tokenizer = self._tokenizers[path] = load_tokenizer(Path(path))
+            tokenizer = self._tokenizers[key] = load_tokenizer(Path(entry.tokenizer_path))
         return tokenizer
 
     async def info(self) -> ServerInfo:

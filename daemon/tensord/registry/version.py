@@ -8,6 +8,7 @@ and out) or a `GeneratorVersion` (a generation engine streaming tokens). Both sh
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal, TypeAlias
@@ -33,6 +34,9 @@ class ModelState(enum.IntEnum):
     UNLOADING = 4
 
 
+_SERIALS = itertools.count(1)
+
+
 @dataclass(slots=True)
 class VersionBase:
     """What every served model version has, whatever its kind."""
@@ -52,6 +56,9 @@ class VersionBase:
     inflight: InflightCounter = field(default_factory=InflightCounter)
     """Requests running on it; it is freed only once they finish."""
     model_dir: Path | None = None
+    serial: int = field(default_factory=lambda: next(_SERIALS), compare=False)
+    """Unique to this load of the version in the process: a version replaced under the
+    same number by a reload has a new one."""
     """The model's directory in the repository (a reload keeps what a broken one serves)."""
 
 

@@ -17,6 +17,7 @@ handed to someone else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import threading
@@ -237,14 +238,6 @@ class GenerationEngine:
                 step_seconds=self._step_seconds,
             )
 
-    def fail_waiting(self, error: TensordError) -> None:
-        """End the requests that have not produced a token yet with `error`: at a drain
-        their clients retry elsewhere at once, not when the grace runs out."""
-        with self._lock:
-            ids = [r.request_id for r in self.scheduler.waiting if r.num_output_tokens == 0]
-            if ids:
-                self._fail(ids, error)
-
     def close(self, error: TensordError | None = None) -> None:
         """End every stream with `error` (UNAVAILABLE by default), free the blocks, stop.
         Blocking: call it from a worker thread when an event loop is running."""
@@ -272,10 +265,27 @@ class GenerationEngine:
                 group[1].append(output)
             if output.finished:
                 finished.append(output.request_id)
-        for sink, theirs in groups.values():
-            sink.outputs(theirs)
-        for request_id in finished:
-            self._end(request_id)
+        try:
+            for sink, theirs in groups.values():
+                try:
+                    sink.outputs(theirs)
+                except Exception as exc:  # one sink's failure must not stall the others
+                    self._sink_failed(sink, theirs, exc)
+        finally:
+            for request_id in finished:
+                self._end(request_id)
+
+    def _sink_failed(
+        self, sink: OutputSink, outputs: list[EngineCoreOutput], exc: Exception
+    ) -> None:
+        """A sink raised on its outputs: its requests end with INTERNAL and stop here."""
+        log.error("engine.sink_failed", model=self.name, error=repr(exc), exc_info=exc)
+        ids = list(dict.fromkeys(o.request_id for o in outputs if o.request_id in self._sinks))
+        error = InternalError("streaming the generated tokens failed; the log says why")
+        with contextlib.suppress(Exception):
+            sink.failed(ids, error)
+        for request_id in ids:
+            self.abort(request_id)
 
     def _ended(self, request_ids: Sequence[str], error: TensordError | None) -> None:
         """Event loop: these requests failed with `error`, or (None) their deadlines
