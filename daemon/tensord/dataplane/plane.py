@@ -122,7 +122,7 @@ class DataPlane:
             raise UnavailableError(NOT_SERVING)
         if not authorised or not model:  # an intake that read no name authorised none
             check_model(model)
-        entry = self.engine.table.find(model, version, self._reasons())
+        entry = self.engine.table.find(model, version, self._shown_reason)
         if entry.kind != kind:
             raise WrongKindError(_WRONG_KIND[kind].format(entry.name), entry.name, entry.kind)
         return entry
@@ -308,12 +308,10 @@ class DataPlane:
         """Model versions by state: {"loading": 0, "ready": 2, "failed": 1, "unloading": 0}."""
         return self.engine.table.counts()
 
-    def _reasons(self) -> Callable[[str], str]:
-        """How a failure reason is shown to the current caller: whole to an operator
+    def _shown_reason(self, reason: str) -> str:
+        """A failure reason as the current caller sees it: whole for an operator
         (authentication off, or a token allowed every model), else without server paths."""
-        if sees_server_paths():
-            return str
-        return functools.partial(redact_paths, root=self.repository)
+        return reason if sees_server_paths() else redact_paths(reason, self.repository)
 
     async def info(self) -> ServerInfo:
         """The server, its devices and providers, and every model version the caller may
@@ -335,7 +333,7 @@ class DataPlane:
 
     def _shown(self, snapshots: list[ModelSnapshot]) -> list[ModelSnapshot]:
         """The snapshots the caller may see, reasons redacted for it."""
-        redact = self._reasons()
+        redact = self._shown_reason
         return [
             dataclasses.replace(s, reason=redact(s.reason)) if s.reason else s
             for s in snapshots
