@@ -430,6 +430,11 @@ def _num(value: float | None, fmt: str = ".0f") -> str:
     return format(value, fmt) if value is not None else "-"
 
 
+def _heading(title: str, head: str) -> list[str]:
+    """A table's first lines: its title, its column heads, a rule under them."""
+    return [title, head, "-" * len(head)]
+
+
 def _render_modes(points: list[StreamPoint], labels: dict[Key, str]) -> str:
     """Tokens/s of each daemon against the one-process one, and CPU per token by process."""
     w = max(12, *map(len, labels.values()))
@@ -438,11 +443,9 @@ def _render_modes(points: list[StreamPoint], labels: dict[Key, str]) -> str:
         f"| {'1 proc':>6} {'superv':>6} {'engine':>6} {'fronts':>6} {'client':>6} | "
         f"{'conn/fe':>8}"
     )
-    lines = [
-        "CPU µs per generated token (user+sys over the windows / tokens in them) by process",
-        head,
-        "-" * len(head),
-    ]
+    lines = _heading(
+        "CPU µs per generated token (user+sys over the windows / tokens in them) by process", head
+    )
     for p in sorted(points, key=lambda p: (p.streams, p.frontends, p.base)):
         cpu = p.cpu_us_per_token
         fronts = [v for k, v in cpu.items() if k.startswith("frontend.")]
@@ -516,11 +519,10 @@ def _render_base(rows: list[dict[str, Any]], labels: dict[Key, str], base: str) 
         f"{'fronts':>6} {'base':>6} {'ratio':>6} | {'daemon':>6} {'base':>6} {'ratio':>6} | "
         f"{'tok/s ratio':>11}"
     )
-    lines = [
+    lines = _heading(
         f"this checkout against {base}: CPU µs per generated token, this, base and this / base",
         head,
-        "-" * len(head),
-    ]
+    )
     for row in rows:
         this, old = row["cpu_us_per_token"]["this"], row["cpu_us_per_token"]["base"]
         ratio = row["cpu_ratio"]

@@ -98,6 +98,16 @@ max_queue_size = 64
 """
 """A demo generator's model.toml with a small KV pool (160 blocks: one 2,048-token
 sequence and some): cheap to load in the grpc tests."""
+
+
+def small_generator(demo_repo: Path, root: Path, name: str = "tinylm", extra: str = "") -> Path:
+    """The demo `tinylm` copied into `root` as `name` with SMALL_GENERATOR_TOML (and
+    `extra` lines); returns `root`."""
+    shutil.copytree(demo_repo / "tinylm", root / name)
+    (root / name / "model.toml").write_text(SMALL_GENERATOR_TOML + extra)
+    return root
+
+
 DETECTOR_TOML = """max_batch_size = 8
 
 [preprocess]

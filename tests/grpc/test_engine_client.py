@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from tensord.dataplane import DataPlane, GenerateCall, LocalEngine, SamplingPara
 from tensord.procs.engine import EngineHost
 from tensord.procs.remote import RemoteEngine
 from tensord.procs.ring import Ring
-from tests.models import SMALL_GENERATOR_TOML
+from tests.models import small_generator
 
 MODEL = "tinylm"
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
@@ -26,9 +25,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 
 @pytest.fixture(scope="module")
 def config(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> TensordConfig:
-    root = tmp_path_factory.mktemp("engine-client")
-    shutil.copytree(demo_repo / MODEL, root / MODEL)
-    (root / MODEL / "model.toml").write_text(SMALL_GENERATOR_TOML)
+    root = small_generator(demo_repo, tmp_path_factory.mktemp("engine-client"))
     return load_config(None, env={}, overrides={"model_repository": str(root)})
 
 

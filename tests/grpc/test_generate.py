@@ -24,17 +24,14 @@ from tensord_client import (
 )
 from tests.conftest import ServerThread, serve, start_server, wait_generator_idle
 from tests.generate_reference import ReferenceModel
-from tests.models import SMALL_GENERATOR_TOML
+from tests.models import SMALL_GENERATOR_TOML, small_generator
 
 MODEL = "tinylm"
 
 
 @pytest.fixture(scope="module")
 def gen_repo(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("generator-repo")
-    shutil.copytree(demo_repo / MODEL, root / MODEL)
-    (root / MODEL / "model.toml").write_text(SMALL_GENERATOR_TOML)
-    return root
+    return small_generator(demo_repo, tmp_path_factory.mktemp("generator-repo"))
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client import Client
 from tests.conftest import ServerThread, start_server, wait_generator_idle
 from tests.fuzzing import CALLER_MISTAKES
-from tests.models import SMALL_GENERATOR_TOML
+from tests.models import small_generator
 
 Code = grpc.StatusCode
 PREDICT_CODES = CALLER_MISTAKES | {Code.DEADLINE_EXCEEDED}
@@ -201,9 +201,7 @@ def test_random_predict_requests_get_table_statuses_and_leave_nothing_behind(
 
 @pytest.fixture(scope="module")
 def gen_server(demo_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    root = tmp_path_factory.mktemp("random-generate-repo")
-    shutil.copytree(demo_repo / "tinylm", root / "tinylm")
-    (root / "tinylm" / "model.toml").write_text(SMALL_GENERATOR_TOML)
+    root = small_generator(demo_repo, tmp_path_factory.mktemp("random-generate-repo"))
     shutil.copytree(demo_repo / "mlp", root / "mlp")
     srv = start_server(root)
     yield srv
