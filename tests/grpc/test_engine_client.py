@@ -111,3 +111,66 @@ def test_the_engine_sends_token_ids_and_the_frontend_makes_the_text(
             await engine.close()
 
     asyncio.run(run())
+
+
+class _Sink:
+    """An OutputSink that keeps what it hears, or raises on outputs."""
+
+    def __init__(self, raises: bool = False) -> None:
+        self.raises = raises
+        self.tokens: list[int] = []
+        self.finished = False
+        self.errors: list[BaseException] = []
+
+    def outputs(self, outputs: list[Any]) -> None:
+        if self.raises:
+            raise RuntimeError("a broken sink")
+        for out in outputs:
+            self.tokens += out.new_token_ids
+            self.finished = self.finished or out.finished
+
+    def failed(self, request_ids: Any, error: BaseException) -> None:
+        self.errors.append(error)
+
+    def expired(self, request_ids: Any) -> None:
+        self.errors.append(TimeoutError())
+
+
+def test_a_sink_that_raises_ends_its_requests_and_no_others(config: TensordConfig) -> None:
+    """One sink failing on its outputs (one frontend's link, say) fails its own request
+    with INTERNAL; the other sink's request still gets every token, and both leave the
+    engine (its in-flight count and request table empty)."""
+    from tensord.dataplane import EngineCoreRequest
+    from tensord.errors import InternalError
+    from tensord.generate.core.sampling_params import GenerationDefaults
+    from tensord.registry.version import GeneratorVersion
+
+    async def run() -> None:
+        engine = LocalEngine.for_config(config)
+        assert not engine.table.readiness.ready  # nothing is SERVING before the load
+        await engine.load_models()
+        assert engine.table.readiness.ready
+        try:
+            (entry,) = engine.table.versions
+            params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True).resolve(
+                GenerationDefaults(), prompt_len=4, max_model_len=512, vocab_size=32000
+            )
+            good, bad = _Sink(), _Sink(raises=True)
+            ended: list[str] = []
+            for sink in (good, bad):
+                request = EngineCoreRequest(MODEL, entry.version, [5, 6, 7, 8], params, None, 0.0)
+                engine.add_generation(request, sink, lambda: ended.append("x"))
+            for _ in range(500):
+                if len(ended) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert good.finished and len(good.tokens) == 12 and not good.errors
+            assert not bad.tokens and len(bad.errors) == 1
+            assert isinstance(bad.errors[0], InternalError)
+            assert len(ended) == 2 and engine._generations == {}
+            mv = engine.registry.version(MODEL, entry.version)
+            assert isinstance(mv, GeneratorVersion) and mv.inflight.count == 0
+        finally:
+            await engine.close()
+
+    asyncio.run(run())
