@@ -13,7 +13,8 @@ step_seconds - model_seconds, over steps: scheduling, binding, sampling, bookkee
 Targets: ORT time per step <= 1.05x genai's; critical path <= 0.15 ms; end to end >= 0.85x
 genai at 16 streams under continuous arrivals, >= 0.8x at 1 stream.
 
---model optimum: the Optimum export of the same checkpoint (the paged path):
+--model optimum: the Optimum export of the same checkpoint (its attention rewritten at load
+onto KV slots; `--batch-layout padded|equal_length|single` keeps it on the paged path):
 
 The model is a tiny Llama exported with Optimum exactly as users export theirs
 (benchmarks/hf_llama.py: hidden 256, 4 layers, 4 heads, 2 KV heads), served unchanged by

@@ -3,12 +3,15 @@ prompt alone and with streams of different prompt lengths joining and leaving in
 
 Every family is a tiny random-weight model exported by the tests with Optimum's
 text-generation-with-past task and dropped into the repository unchanged (tests/
-hf_families.py). Every family shares passes between sequences of any length: graphs that
-take position_ids (or whose ALiBi follows the attention mask) as exported, and those that
-count positions from the past's length (Gemma, GPT-OSS, Nemotron) with a position_ids input
-that the loader adds to their rotary embedding. The same Gemma export configured with
-batch_layout = "equal_length" shares passes only between pasts of the same length. Info's
-pass counters show that sequences really shared passes.
+hf_families.py). Most are served on KV slots: their attention rewritten at load onto
+GroupQueryAttention and checked against the export's logits; each of those fails here if it
+falls back. The others keep the paged pool, with the reason in Info: graphs that take
+position_ids (or whose ALiBi follows the attention mask) as exported, and those that count
+positions from the past's length (GPT-OSS, Nemotron) with a position_ids input that the
+loader adds to their rotary embedding. The Gemma export configured with batch_layout =
+"equal_length" shares passes only between pasts of the same length, and the Llama export
+whose model.toml sizes a paged pool stays on it. Every family shares passes between
+sequences of any length, and Info's pass counters show that sequences really did.
 """
 
 from __future__ import annotations
@@ -29,19 +32,47 @@ from tests.hf_families import FAMILIES, ExportCache, build_model, transformers_g
 # Exporting traces PyTorch code: its tracer and deprecation warnings are not about tensord.
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-PADDED = ["gpt2", "llama", "qwen2", "phi3", "mistral_sw16", "gpt_neo", "gpt_bigcode"]
-"""Graphs with position_ids: mistral_sw16's sliding window (16) and gpt_neo's local
-attention (8) are shorter than the longest sequences here; gpt_bigcode has one KV head."""
+SLOTS = [
+    "llama",
+    "mistral",
+    "mistral_sw16",
+    "qwen2",
+    "qwen3",
+    "granite",
+    "phi3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "olmo",
+    "smollm3",
+    "gpt_bigcode",
+]
+"""On KV slots, their attention rewritten: mistral_sw16's sliding window (16), and gemma2's
+and gemma3_text's (8), are shorter than the longest sequences here; gpt_bigcode has one
+KV head."""
+PADDED = ["gpt2", "gpt_neo", "llama_paged"]
+"""On the paged pool with position_ids: gpt2 and gpt_neo (local attention of 8) as the
+rewrite declines them, llama_paged because its model.toml sizes the pool."""
 ALIBI = ["bloom", "falcon", "mpt"]
 """No position_ids needed (Falcon here is multi-query with rotary and position_ids)."""
-REWRITTEN = ["gemma", "gemma2", "gemma3_text", "gpt_oss", "nemotron"]
+REWRITTEN = ["gpt_oss", "nemotron"]
 """No position_ids: positions counted from the past's length (given a position_ids input
-at load); gemma2, gemma3_text and gpt_oss have sliding windows of 8."""
+at load); gpt_oss has sliding windows of 8."""
 EQUAL_LENGTH = ["gemma_equal"]
 """The gemma export as it is, one past length per pass (model.toml's batch_layout)."""
-SERVED = PADDED + ALIBI + REWRITTEN + EQUAL_LENGTH
-EXPORTS = {name: name for name in PADDED + ALIBI + REWRITTEN} | {"gemma_equal": "gemma"}
+SERVED = SLOTS + PADDED + ALIBI + REWRITTEN + EQUAL_LENGTH
+EXPORTS = {name: name for name in SLOTS + PADDED + ALIBI + REWRITTEN} | {
+    "gemma_equal": "gemma",
+    "llama_paged": "llama",
+}
 """The family each served model is."""
+TOML = "[generator]\nmax_model_len = 64\nmax_num_seqs = 8\n"
+"""Every family's model.toml: no key of the paged pool, so the loader tries the slots."""
+CONFIGURED = {
+    "llama_paged": "num_blocks = 128\nblock_size = 4\n",
+    "gemma_equal": 'batch_layout = "equal_length"\n',
+}
+"""What keeps these on the paged pool, in their model.toml."""
 
 WAVES = ((4, 4, 11), (7, 17), (7, 13, 20))
 """Prompt lengths of the streams, started in waves: a wave starts once every stream of
@@ -96,10 +127,7 @@ def server(
     repo = tmp_path_factory.mktemp("hf-repo")
     for name in [*SERVED, "deepseek_v3"]:
         shutil.copytree(hf_exports.get(EXPORTS.get(name, name)), repo / name)
-        layout = 'batch_layout = "equal_length"\n' if name in EQUAL_LENGTH else ""
-        (repo / name / "model.toml").write_text(
-            f"[generator]\nnum_blocks = 128\nblock_size = 4\nmax_model_len = 64\n{layout}"
-        )
+        (repo / name / "model.toml").write_text(TOML + CONFIGURED.get(name, ""))
     srv = serve(repo)
     yield srv
     srv.stop()
@@ -120,8 +148,18 @@ def test_transformers_tokens_alone_and_in_waves(
     family = families[name]
     with Client(server.target, timeout=60, retries=0) as client:
         status = model_status(client, name).generator
-        layout = "equal_length" if name in EQUAL_LENGTH else "padded"
-        assert status.batch_layout == layout, status.batch_layout_reason
+        if name in SLOTS:  # fails when the family falls back to the paged pool
+            assert status.kv_path == "slots", status.kv_path_reason
+            assert "rewritten at load onto GroupQueryAttention" in status.kv_path_reason
+            assert status.batch_layout == "ragged"
+        else:
+            assert status.kv_path == "paged"
+            expected = "not on KV slots: "
+            if name in CONFIGURED:  # what its model.toml sets, first
+                expected += "model.toml sets [generator] " + CONFIGURED[name].split(" ")[0]
+            assert expected in status.kv_path_reason, status.kv_path_reason
+            layout = "equal_length" if name in EQUAL_LENGTH else "padded"
+            assert status.batch_layout == layout, status.batch_layout_reason
         if name in REWRITTEN:
             assert "a position_ids input added at load" in status.batch_layout_reason
         compared = 0

@@ -46,14 +46,16 @@ def test_anything_else_is_refused(
 def test_a_decoder_export_says_whether_generate_serves_it(
     hf_exports: ExportCache, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Symbolic dimension names, the verdict and the batch layout (checked as at load)."""
+    """Symbolic dimension names, the verdict and the KV path (checked as at load): Gemma's
+    attention rewritten onto KV slots."""
     path = hf_exports.get("gemma") / "model.onnx"
     report = inspect_model(path)
     (past,) = [t for t in report["inputs"] if t["name"] == "past_key_values.0.key"]
     assert past["dims"] == ["batch_size", 2, "past_sequence_length", 16]
     assert past["shape"] == [-1, 2, -1, 16]
     generator = report["generator"]
-    assert generator["servable"] and generator["batch_layout"] == "padded"
+    assert generator["servable"] and generator["kv_path"] == "slots"
+    assert generator["batch_layout"] == "ragged"
     assert generator["feeds_position_ids"] and not generator["takes_position_ids"]
     assert (generator["model_type"], generator["kv_heads"], generator["head_dim"]) == (
         "gemma",
@@ -65,7 +67,21 @@ def test_a_decoder_export_says_whether_generate_serves_it(
     out = capsys.readouterr().out
     assert "past_key_values.0.key    DATA_TYPE_FLOAT32 [batch_size, 2, past_sequence_length" in out
     assert "Generate: can serve it (gemma: 2 layers, 4 heads, 2 KV heads of 16" in out
-    assert "batch layout: padded: the graph counts positions from the past's length; " in out
+    assert "KV path: slots: the export's attention was rewritten at load onto" in out
+
+
+def test_an_export_the_rewrite_declines_stays_paged(
+    hf_exports: ExportCache, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BLOOM's ALiBi: the paged pool, saying why not slots."""
+    path = hf_exports.get("bloom") / "model.onnx"
+    generator = inspect_model(path)["generator"]
+    assert generator["servable"] and generator["kv_path"] == "paged"
+    assert "not on KV slots: bloom attention adds ALiBi position biases" in (
+        generator["kv_path_reason"]
+    )
+    assert main(["inspect", str(path)]) == 0
+    assert "KV path: paged: the graph grows its past by Concat" in capsys.readouterr().out
 
 
 def test_a_decoder_it_cannot_serve_says_why(

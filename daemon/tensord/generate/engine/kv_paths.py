@@ -23,6 +23,7 @@ from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.core.slot_manager import SlotManager, SlotMove
 from tensord.generate.model.batch_layout import LayoutChoice
 from tensord.generate.model.model_dir import GeneratorSpec
+from tensord.generate.model.serving_graph import PAGED_REASON
 from tensord.generate.model.slot_graph import RAGGED_REASON, SLOTS_REASON
 from tensord.generate.worker.kv_slots import SlotStorage
 from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
@@ -108,13 +109,14 @@ def paged_kv_path(
     )
 
 
-def slot_kv_path(runner: SlotRunner, max_model_len: int) -> KVPath:
-    """KV slots of `runner`'s storage (one per sequence of up to max_model_len tokens)."""
+def slot_kv_path(runner: SlotRunner, max_model_len: int, reason: str = "") -> KVPath:
+    """KV slots of `runner`'s storage (one per sequence of up to max_model_len tokens);
+    `reason`: why this model is on them (default: its graph's attention is fused)."""
     storage = runner.storage
     slots = SlotManager(storage.num_slots, max_model_len)
     return KVPath(
         name="slots",
-        reason=SLOTS_REASON,
+        reason=reason or SLOTS_REASON,
         kv_cache_manager=slots,
         runner=runner,
         nbytes=storage.nbytes,
@@ -122,9 +124,3 @@ def slot_kv_path(runner: SlotRunner, max_model_len: int) -> KVPath:
         slots=slots,
         storage=storage,
     )
-
-
-PAGED_REASON = (
-    "the graph grows its past by Concat (an Optimum export): sequences keep their keys and "
-    "values in a paged block pool, gathered into each pass"
-)

@@ -1,13 +1,17 @@
 """Loading a generator version: its directory, backend session, engine and warm-up.
 
 A model-builder folder (genai_config.json; fused GroupQueryAttention) is served on KV
-slots; an Optimum export on the paged pool, with its batch layout checked at load
-(kv_paths.py says what each path does)."""
+slots. An Optimum export is too, once its attention is rewritten onto
+GroupQueryAttention (attention_rewrite.py) and the result matches the export's own
+logits; where the rewrite declines or disagrees, or model.toml sizes the paged pool, it
+serves on the paged pool, with its batch layout checked at load (kv_paths.py says what
+each path does, and Info and the log say which path a model got and why)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import structlog
 
 from tensord.backends.base import BackendPlacement, DeviceOptions, TensorSpec
@@ -16,10 +20,13 @@ from tensord.errors import ModelLoadError
 from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.engine.engine import GenerationEngine
 from tensord.generate.engine.kv_paths import paged_kv_path, slot_kv_path
+from tensord.generate.model.attention_rewrite import RewriteDeclined
 from tensord.generate.model.model_dir import GeneratorDirectory, load_generator_dir
 from tensord.generate.model.serving_graph import open_serving_graph
 from tensord.generate.model.slot_graph import (
-    check_slots,
+    REWRITE_REASON,
+    check_runner,
+    open_export_slots,
     open_slot_session,
     slot_layout,
     slot_runner,
@@ -42,7 +49,7 @@ def load_engine(
     if directory.spec.genai is not None:
         engine, backend = _slot_engine(name, directory, config, where)
     else:
-        engine, backend = _paged_engine(name, directory, config, where)
+        engine, backend = _export_engine(name, directory, config, where)
     if config.warmup:
         try:
             _warm_up(engine)
@@ -62,8 +69,36 @@ def load_engine(
     return engine, backend.placement, backend.inputs, backend.outputs
 
 
-def _paged_engine(
+PAGED_KEYS = ("num_blocks", "block_size")
+"""[generator] keys that size the paged pool: set, they keep an export on it."""
+
+
+def _export_engine(
     name: str, directory: GeneratorDirectory, config: ModelConfig, where: DeviceOptions
+) -> tuple[GenerationEngine, OnnxRuntimeBackend]:
+    """An Optimum export on KV slots where its attention rewrites and checks, else on the
+    paged pool with the reason."""
+    generator = config.generator or GeneratorConfig()
+    configured = [k for k in PAGED_KEYS if k in generator.model_fields_set]
+    if generator.batch_layout not in ("auto", "padded"):
+        configured.append("batch_layout")
+    if configured:
+        why = f"model.toml sets [generator] {', '.join(configured)}, which the paged pool takes"
+    else:
+        try:
+            return _slot_engine(name, directory, config, where, rewrite=True)
+        except (RewriteDeclined, ModelLoadError) as exc:
+            why = str(exc)
+    log.info("generator.not_on_slots", model=name, reason=why)
+    return _paged_engine(name, directory, config, where, why)
+
+
+def _paged_engine(
+    name: str,
+    directory: GeneratorDirectory,
+    config: ModelConfig,
+    where: DeviceOptions,
+    not_slots: str = "",
 ) -> tuple[GenerationEngine, OnnxRuntimeBackend]:
     spec = directory.spec
     limits = (config.generator or GeneratorConfig()).resolve(
@@ -72,16 +107,30 @@ def _paged_engine(
     session_config = config.model_copy(update={"intra_op_threads": limits.intra_op_threads})
     serving = open_serving_graph(spec, session_config, where, limits.layout)
     kv = paged_kv_path(spec, limits, serving.backend.run, serving.layout, serving.position_ids)
+    if not_slots:
+        kv.reason = f"{kv.reason}; not on KV slots: {not_slots}"
     return GenerationEngine(name, directory, limits, kv), serving.backend
 
 
 def _slot_engine(
-    name: str, directory: GeneratorDirectory, config: ModelConfig, where: DeviceOptions
+    name: str,
+    directory: GeneratorDirectory,
+    config: ModelConfig,
+    where: DeviceOptions,
+    rewrite: bool = False,
 ) -> tuple[GenerationEngine, OnnxRuntimeBackend]:
+    """On KV slots: a builder folder's graph as it is, or (`rewrite`) an Optimum export's
+    rewritten onto GroupQueryAttention and checked against the export's own logits."""
     spec = directory.spec
     generator = config.generator or GeneratorConfig()
     session_config = config.model_copy(update={"intra_op_threads": generator.intra_op_threads})
-    session = open_slot_session(spec, session_config, where)
+    reference: list[tuple[list[int], np.ndarray]] = []
+    if rewrite:  # RewriteDeclined or ModelLoadError: the caller serves it paged
+        bound = generator.max_model_len or spec.context_length or 64
+        opened = open_export_slots(spec, session_config, where, bound)
+        session, reference = opened.session, opened.reference
+    else:
+        session = open_slot_session(spec, session_config, where)
     try:
         limits = generator.resolve_slots(
             context_length=spec.context_length,
@@ -89,10 +138,15 @@ def _slot_engine(
             budget_bytes=session.kv_budget_bytes,
         )
         runner = slot_runner(
-            session, spec, limits.max_model_len, limits.num_blocks, limits.max_num_batched_tokens
+            session,
+            spec,
+            limits.max_model_len,
+            limits.num_blocks,
+            limits.max_num_batched_tokens,
+            position_ids=True if rewrite else None,
         )
-        check_slots(runner, spec, limits.max_model_len)
-        kv = slot_kv_path(runner, limits.max_model_len)
+        check_runner(runner, spec, limits.max_model_len, reference)
+        kv = slot_kv_path(runner, limits.max_model_len, REWRITE_REASON if rewrite else "")
     except BaseException:
         session.backend.close()
         raise

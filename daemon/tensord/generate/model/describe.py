@@ -1,8 +1,9 @@
 """What `tensord inspect` says of a decoder export: can Generate serve it, and how.
 
 It reads the directory as the loader does (model_dir.py) and, where that succeeds, opens
-and checks the session as the loader does (serving_graph.py), on the CPU: the same
-verdict the daemon reaches at load, without starting it.
+and checks the session as the loader does (slot_graph.py for KV slots, an Optimum
+export's rewritten attention first; serving_graph.py for the paged pool), on the CPU:
+the same verdict the daemon reaches at load, without starting it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from typing import Any
 import onnx
 
 from tensord.errors import ModelLoadError
+from tensord.generate.model.attention_rewrite import RewriteDeclined
 from tensord.generate.model.model_dir import GeneratorSpec, is_generator_dir, load_generator_dir
-from tensord.generate.model.serving_graph import open_serving_graph
+from tensord.generate.model.serving_graph import PAGED_REASON, open_serving_graph
 from tensord.generate.model.slot_graph import (
     RAGGED_REASON,
+    REWRITE_REASON,
     SLOTS_REASON,
+    check_runner,
     check_slots,
+    open_export_slots,
     open_slot_session,
     slot_layout,
     slot_runner,
@@ -58,6 +63,10 @@ def describe_generator(path: Path) -> dict[str, Any]:
     if spec.genai is not None:
         return _describe_slots(spec, report)
     try:
+        return _describe_export_slots(spec, report)
+    except (RewriteDeclined, ModelLoadError) as exc:
+        not_slots = str(exc)
+    try:
         serving = open_serving_graph(spec, ModelConfig())
     except ModelLoadError as exc:
         report.update(servable=False, reason=str(exc))
@@ -65,9 +74,36 @@ def describe_generator(path: Path) -> dict[str, Any]:
     serving.backend.close()
     report.update(
         kv_path="paged",
+        kv_path_reason=f"{PAGED_REASON}; not on KV slots: {not_slots}",
         batch_layout=serving.layout.layout.value,
         batch_layout_reason=serving.layout.reason,
         feeds_position_ids=serving.position_ids,
+    )
+    return report
+
+
+def _describe_export_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, Any]:
+    """An Optimum export rewritten onto GroupQueryAttention and checked as the loader
+    does, on the CPU; RewriteDeclined or ModelLoadError when it stays paged."""
+    length = slot_max_model_len(spec.context_length)
+    checked = min(length, 48)  # the checks' sequences: slots of their length only
+    opened = open_export_slots(spec, ModelConfig(), None, checked)
+    try:
+        runner = slot_runner(opened.session, spec, checked, 3, position_ids=True)
+        check_runner(runner, spec, checked, opened.reference)
+    finally:
+        opened.session.backend.close()
+    report.update(
+        layout="Optimum export",
+        built_for=["any provider (fp16 or bf16 on CUDA)"],
+        sliding_window=None,
+        kv_path="slots",
+        kv_path_reason=REWRITE_REASON,
+        batch_layout=BatchLayout.RAGGED.value,
+        batch_layout_reason=RAGGED_REASON,
+        slot_bytes_at_default_max_model_len=slot_layout(spec, length).slot_bytes,
+        default_max_model_len=length,
+        feeds_position_ids=True,
     )
     return report
 

@@ -34,6 +34,10 @@ log = structlog.get_logger("tensord.generate")
 
 _CHECK_BLOCKS = 16
 _CHECK_BLOCK_SIZE = 4
+PAGED_REASON = (
+    "the graph grows its past by Concat (an Optimum export): sequences keep their keys and "
+    "values in a paged block pool, gathered into each pass"
+)
 REWRITTEN_REASON = (
     "the graph counts positions from the past's length; tensord feeds its rotary embedding "
     "a position_ids input added at load, so pasts of any length share a pass, right-aligned "

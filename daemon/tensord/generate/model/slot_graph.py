@@ -1,18 +1,22 @@
-"""The session a model-builder folder serves with on KV slots, and the check before READY.
+"""The session a model on KV slots serves with, and the checks before READY.
 
-  1. open the session (the provider plan as for every model); a folder whose operators
-     have no kernels on the provider it got (a CUDA build on a host without a GPU) is
-     refused with the providers genai_config.json names;
+  1. open the session (the provider plan as for every model): a model-builder folder's
+     graph, or an Optimum export's rewritten onto GroupQueryAttention
+     (attention_rewrite.py; open_export_slots); a folder whose operators have no kernels
+     on the provider it got (a CUDA build on a host without a GPU) is refused with the
+     providers genai_config.json names;
   2. size the slots: per layer, max_model_len positions, or the window for a layer with a
      window-sized cache;
   3. check_slots: a sequence's logits when it decodes beside a longer one equal its
-     logits alone, computed in one prompt pass; a graph that disagrees is refused.
+     logits alone, computed in one prompt pass; a graph that disagrees is refused; for a
+     rewritten export, check_against_export: every step's logits equal the export's own.
 
 Used by the loader and by `tensord inspect`, so both reach the same verdict.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +26,7 @@ from tensord.backends.base import DeviceOptions
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
 from tensord.errors import ModelLoadError
 from tensord.generate.core.scheduler_output import ScheduledRequest
+from tensord.generate.model.attention_rewrite import RewriteDeclined, rewrite_export
 from tensord.generate.model.model_dir import GeneratorSpec
 from tensord.generate.worker.kv_slots import SlotLayout, SlotStorage
 from tensord.generate.worker.model_runner import PassStats
@@ -35,6 +40,11 @@ DEVICE_KV_FRACTION = 0.5
 """Of the device memory free once the session is open, the share the KV slots take when
 kv_cache_bytes is not set."""
 
+REWRITE_REASON = (
+    "the export's attention was rewritten at load onto GroupQueryAttention, with its own "
+    "rotary, and matched the export's logits: each sequence owns a KV slot bound in place, "
+    "and a step moves only tokens, masks and logits"
+)
 RAGGED_REASON = (
     "each row attends over its own KV slot, bounded by its own length: sequences of any "
     "lengths share every decode pass, with no padding"
@@ -102,11 +112,15 @@ def _free_device_bytes(device_id: int) -> int | None:
 
 
 def open_slot_session(
-    spec: GeneratorSpec, config: ModelConfig, where: DeviceOptions | None = None
+    spec: GeneratorSpec,
+    config: ModelConfig,
+    where: DeviceOptions | None = None,
+    model: bytes | None = None,
 ) -> SlotSession:
-    """The session, its device and its logits' dtype; ModelLoadError when it cannot serve."""
+    """The session (of `model`, a rewritten graph over the weights beside spec's, when
+    given), its device and its logits' dtype; ModelLoadError when it cannot serve."""
     try:
-        backend = OnnxRuntimeBackend(spec.model_path, config, where)
+        backend = OnnxRuntimeBackend(spec.model_path, config, where, model=model)
     except ModelLoadError as exc:
         raise _refusal(spec, exc) from None
     logits = next((s for s in backend.outputs if s.name == "logits"), None)
@@ -130,10 +144,11 @@ def slot_runner(
     max_model_len: int,
     slots: int,
     max_pass_tokens: int = 2048,
+    position_ids: bool | None = None,
 ) -> SlotRunner:
     """A runner over `slots` fresh slots of max_model_len positions on the session's
     device (prompts of different lengths share a pass unless a layer's cache is
-    window-sized)."""
+    window-sized); `position_ids`: whether the graph takes them (default: spec's)."""
     storage = SlotStorage(
         slot_layout(spec, max_model_len, session.device),
         slots,
@@ -145,7 +160,7 @@ def slot_runner(
         storage,
         logits_dtype=session.logits_dtype,
         vocab_size=spec.vocab_size,
-        has_position_ids=spec.has_position_ids,
+        has_position_ids=spec.has_position_ids if position_ids is None else position_ids,
         pad_prompts=spec.genai is None or spec.genai.sliding_window is None,
         max_pass_tokens=max_pass_tokens,
     )
@@ -186,3 +201,127 @@ def check_slots(runner: SlotRunner, spec: GeneratorSpec, max_model_len: int) -> 
             "tensord writes them, so Generate does not serve it"
         )
     runner.stats = PassStats()
+
+
+def check_against_export(
+    runner: SlotRunner, spec: GeneratorSpec, reference: Sequence[tuple[list[int], np.ndarray]]
+) -> None:
+    """A rewritten export's slots against the export itself: each reference sequence
+    (its tokens, and the export's logits at every position in one pass without a past)
+    prefilled in a slot of its own, all in one pass, then fed one token a step, all
+    decoding together; every step's logits must match the export's. ModelLoadError when
+    they do not (the rewrite changed the model)."""
+    half = runner.storage.layout.dtype.itemsize < 4
+    tolerance = 2e-2 if half else 1e-3
+    prefix = [max(1, len(tokens) // 2) for tokens, _ in reference]
+    items = [
+        ScheduledRequest(str(i), tokens[:n], 0, [i])
+        for i, ((tokens, _), n) in enumerate(zip(reference, prefix, strict=True))
+    ]
+    got = runner.execute(items)
+    worst = 0.0
+    steps = max(len(t) - n for (t, _), n in zip(reference, prefix, strict=True))
+    for step in range(steps + 1):
+        for i, ((tokens, logits), n) in enumerate(zip(reference, prefix, strict=True)):
+            at = n - 1 + step
+            if at >= len(tokens) or str(i) not in got.request_ids:
+                continue
+            want = logits[at].astype(np.float32)
+            scale = max(1.0, float(np.abs(want).max()))
+            worst = max(worst, float(np.abs(got[str(i)].astype(np.float32) - want).max()) / scale)
+        items = [
+            ScheduledRequest(str(i), [tokens[n + step]], n + step, [i])
+            for i, ((tokens, _), n) in enumerate(zip(reference, prefix, strict=True))
+            if n + step < len(tokens)
+        ]
+        if not items:
+            break
+        got = runner.execute(items)
+    runner.stats = PassStats()
+    if worst > tolerance:
+        raise ModelLoadError(
+            f"{spec.model_path}: its attention rewritten onto GroupQueryAttention gives "
+            f"logits {worst:.3g} (relative) away from the export's own (tolerance "
+            f"{tolerance}): served as exported instead"
+        )
+
+
+def export_logits(
+    spec: GeneratorSpec,
+    config: ModelConfig,
+    where: DeviceOptions | None,
+    sequences: Sequence[list[int]],
+) -> list[np.ndarray]:
+    """The export's own logits at every position of each sequence, one pass each with
+    no past (its session is closed before the rewritten one opens: the weights are in
+    memory once at a time)."""
+    backend = OnnxRuntimeBackend(spec.model_path, config, where)
+    try:
+        dtype = spec.kv_dtype.numpy
+        out = []
+        for tokens in sequences:
+            feeds: dict[str, np.ndarray] = {
+                "input_ids": np.array([tokens], np.int64),
+                "attention_mask": np.ones((1, len(tokens)), np.int64),
+            }
+            if spec.has_position_ids:
+                feeds["position_ids"] = np.arange(len(tokens), dtype=np.int64)[None]
+            empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype)
+            for key, value in spec.past_input_names:
+                feeds[key] = feeds[value] = empty
+            out.append(backend.run(feeds, ["logits"])[0][0])
+        return out
+    finally:
+        backend.close()
+
+
+def check_sequences(spec: GeneratorSpec, max_model_len: int) -> list[list[int]]:
+    """Two sequences of different lengths for check_against_export, past the longest
+    sliding window where the export has one (within max_model_len)."""
+    vocab = spec.vocab_size
+    longest = min(max_model_len - 1, 40)
+    return [
+        [(13 * i + 7) % vocab for i in range(longest)],
+        [(17 * i + 3) % vocab for i in range(max(4, longest * 2 // 3))],
+    ]
+
+
+@dataclass(slots=True)
+class ExportSlots:
+    """An Optimum export's rewritten graph, open, and the export's own logits to check
+    its slots against."""
+
+    session: SlotSession
+    reference: list[tuple[list[int], np.ndarray]]
+
+
+def open_export_slots(
+    spec: GeneratorSpec, config: ModelConfig, where: DeviceOptions | None, bound: int
+) -> ExportSlots:
+    """The export's attention rewritten onto GroupQueryAttention (RewriteDeclined says
+    why not) and its session opened, after the export's own logits for the check were
+    computed (`bound`: the longest sequence the check may use, max_model_len); an fp32
+    export on a CUDA device is declined (the kernel takes float16 or bfloat16 there)."""
+    model = rewrite_export(spec)
+    sequences = check_sequences(spec, bound)
+    logits = export_logits(spec, config, where, sequences)
+    session = open_slot_session(spec, config, where, model)
+    if session.device != "cpu" and spec.kv_dtype.numpy.itemsize > 2:
+        session.backend.close()
+        raise RewriteDeclined(
+            f"GroupQueryAttention on {session.device} takes float16 or bfloat16, and this "
+            f"export is {spec.kv_dtype.name}"
+        )
+    return ExportSlots(session, list(zip(sequences, logits, strict=True)))
+
+
+def check_runner(
+    runner: SlotRunner,
+    spec: GeneratorSpec,
+    max_model_len: int,
+    reference: Sequence[tuple[list[int], np.ndarray]] = (),
+) -> None:
+    """check_slots, and for a rewritten export check_against_export too."""
+    check_slots(runner, spec, max_model_len)
+    if reference:
+        check_against_export(runner, spec, reference)
