@@ -77,8 +77,9 @@ def test_an_export_the_rewrite_declines_stays_paged(
     path = hf_exports.get("bloom") / "model.onnx"
     generator = inspect_model(path)["generator"]
     assert generator["servable"] and generator["kv_path"] == "paged"
-    assert "not on KV slots: bloom attention adds ALiBi position biases" in (
-        generator["kv_path_reason"]
+    assert (
+        "not on KV slots: bloom attention adds ALiBi position biases"
+        in (generator["kv_path_reason"])
     )
     assert main(["inspect", str(path)]) == 0
     assert "KV path: paged: the graph grows its past by Concat" in capsys.readouterr().out
