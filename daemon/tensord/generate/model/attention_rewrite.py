@@ -103,16 +103,21 @@ def _factor(g: _Graph, node: onnx.NodeProto, data: str) -> float | None:
     return value if node.op_type == "Mul" else 1.0 / value
 
 
+def _only_consumer(g: _Graph, name: str, what: str) -> onnx.NodeProto:
+    """The one node that reads `name` as data; RewriteDeclined naming `what` otherwise."""
+    nodes = g.data_consumers(name)
+    if len(nodes) != 1:
+        raise RewriteDeclined(f"{what} reach {len(nodes)} data consumers")
+    return nodes[0]
+
+
 def _follow_keys(g: _Graph, present: str) -> tuple[onnx.NodeProto, float, list[onnx.NodeProto]]:
     """From a layer's present keys to the scores MatMul (keys as its second input): the
     MatMul, the constant factor applied on the way, and the nodes passed."""
     name, factor = present, 1.0
     passed: list[onnx.NodeProto] = []
     for _ in range(16):
-        nodes = g.data_consumers(name)
-        if len(nodes) != 1:
-            raise RewriteDeclined(f"the keys of {present} reach {len(nodes)} data consumers")
-        node = nodes[0]
+        node = _only_consumer(g, name, f"the keys of {present}")
         if node.op_type == "MatMul" and node.input[1] == name:
             return node, factor, passed
         scale = _factor(g, node, name)
@@ -150,10 +155,7 @@ def _to_softmax(
     name, factor, softcap = scores, 1.0, 0.0
     passed: list[onnx.NodeProto] = []
     for _ in range(16):
-        nodes = g.data_consumers(name)
-        if len(nodes) != 1:
-            raise RewriteDeclined(f"the scores {name} reach {len(nodes)} consumers")
-        node = nodes[0]
+        node = _only_consumer(g, name, f"the scores {name}")
         passed.append(node)
         if node.op_type == "Softmax":
             return node, factor, softcap, passed
