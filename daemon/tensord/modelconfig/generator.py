@@ -22,6 +22,12 @@ DEFAULT_CONTEXT_LENGTH = 2048
 with ALiBi have no table of positions)."""
 
 
+MIN_EXPORT_SLOTS = 4
+"""An Optimum export whose KV budget holds fewer whole slots than this (and than
+max_num_seqs) serves on the paged pool, which shares the budget among sequences by their
+lengths."""
+
+
 def slot_max_model_len(context_length: int | None) -> int:
     """max_model_len on KV slots when [generator] sets none: min(context, 8192)."""
     return min(context_length or DEFAULT_CONTEXT_LENGTH, SLOT_MAX_MODEL_LEN)

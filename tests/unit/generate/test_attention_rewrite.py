@@ -210,3 +210,32 @@ def test_a_graph_without_the_pattern_is_declined_not_served(tmp_path: Path) -> N
             num_heads=spec.num_attention_heads,
             num_kv_heads=spec.num_kv_heads,
         )
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"sliding_window": 4096, "max_window_layers": 28, "use_sliding_window": True},
+        {"sliding_window": 4096, "model_type": "gemma2"},
+        {"sliding_window": 1024, "sliding_window_pattern": 6},
+    ],
+)
+def test_windows_on_some_layers_by_a_familys_rule_are_declined(config: dict[str, object]) -> None:
+    with pytest.raises(RewriteDeclined, match="not on every layer"):
+        layer_windows(config, 2)
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt"])
+def test_a_bias_added_to_the_scores_is_declined_from_the_graph(
+    hf_exports: ExportCache, family: str
+) -> None:
+    """ALiBi slopes reach the scores as an Add computed from weights: declined by the
+    graph itself, not only by the family's name."""
+    spec = read_generator_spec(hf_exports.get(family))
+    with pytest.raises(RewriteDeclined, match="more than a mask"):
+        rewrite_attention(
+            onnx.load(str(spec.model_path)),
+            num_layers=spec.num_layers,
+            num_heads=spec.num_attention_heads,
+            num_kv_heads=spec.num_kv_heads,
+        )

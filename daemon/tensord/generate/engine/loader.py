@@ -16,7 +16,7 @@ import structlog
 
 from tensord.backends.base import BackendPlacement, DeviceOptions, TensorSpec
 from tensord.backends.onnxruntime import OnnxRuntimeBackend
-from tensord.errors import ModelLoadError
+from tensord.errors import DeviceLostError, ModelLoadError
 from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.engine.engine import GenerationEngine
 from tensord.generate.engine.kv_paths import paged_kv_path, slot_kv_path
@@ -32,7 +32,7 @@ from tensord.generate.model.slot_graph import (
     slot_runner,
 )
 from tensord.generate.worker.model_runner import PassStats
-from tensord.modelconfig.generator import GeneratorConfig
+from tensord.modelconfig.generator import MIN_EXPORT_SLOTS, GeneratorConfig
 from tensord.modelconfig.model import ModelConfig
 
 log = structlog.get_logger("tensord.generate")
@@ -70,6 +70,7 @@ def load_engine(
 
 
 PAGED_KEYS = ("num_blocks", "block_size")
+
 """[generator] keys that size the paged pool: set, they keep an export on it."""
 
 
@@ -87,8 +88,13 @@ def _export_engine(
     else:
         try:
             return _slot_engine(name, directory, config, where, rewrite=True)
+        except DeviceLostError:
+            raise
         except (RewriteDeclined, ModelLoadError) as exc:
             why = str(exc)
+        except Exception as exc:  # a run or a graph the slots could not take: paged
+            log.warning("generator.slots_failed", model=name, error=repr(exc))
+            why = f"{type(exc).__name__}: {exc}"
     log.info("generator.not_on_slots", model=name, reason=why)
     return _paged_engine(name, directory, config, where, why)
 
@@ -137,6 +143,14 @@ def _slot_engine(
             slot_bytes=lambda length: slot_layout(spec, length, session.device).slot_bytes,
             budget_bytes=session.kv_budget_bytes,
         )
+        few = min(MIN_EXPORT_SLOTS, generator.max_num_seqs)
+        if rewrite and limits.num_blocks < few:
+            raise RewriteDeclined(
+                f"only {limits.num_blocks} KV slot(s) of max_model_len {limits.max_model_len} "
+                f"fit the KV budget, fewer than {few}; the paged pool shares it among "
+                "sequences by their lengths (raise kv_cache_bytes, or lower max_model_len, "
+                "for slots)"
+            )
         runner = slot_runner(
             session,
             spec,

@@ -170,11 +170,20 @@ def _to_softmax(
                     passed += [tanh[0], back[0]]
                     name = back[0].output[0]
                     continue
+            if softcap:  # the kernel scales before its cap, never after
+                raise RewriteDeclined(f"the scores {scores} are scaled after their soft-cap")
             factor *= scale
-        elif node.op_type == "Add" or node.op_type == "Cast":
-            pass  # a mask added to the scores: the kernel's own bounds replace it
-        elif node.op_type == "Where" and node.input[2] == name:
-            pass  # a mask applied by selection
+        elif node.op_type == "Cast":
+            pass
+        elif node.op_type == "Add" or (node.op_type == "Where" and node.input[2] == name):
+            # A mask added or applied by selection: the kernel's own causal and window
+            # bounds replace it, so it must carry nothing else (ALiBi slopes, a bias).
+            for operand in node.input:
+                if operand != name and _carries_weights(g, operand):
+                    raise RewriteDeclined(
+                        f"the scores {scores} get a {node.op_type} of more than a mask "
+                        "(a bias computed from weights, such as ALiBi)"
+                    )
         else:
             raise RewriteDeclined(f"the scores {scores} pass a {node.op_type}")
         name = node.output[0]
@@ -193,9 +202,9 @@ def _to_output(g: _Graph, probs: str) -> tuple[str, list[onnx.NodeProto]]:
         if matmul and len(nodes) == 1:
             node = matmul[0]
             break
-        if not guard:
-            raise RewriteDeclined(f"the probabilities {probs} reach {[n.op_type for n in nodes]}")
         where = [n for n in guard if n.op_type in ("Where", "Cast")]
+        if not where or len(nodes) != len(guard):
+            raise RewriteDeclined(f"the probabilities {probs} reach {[n.op_type for n in nodes]}")
         passed += guard
         name = where[-1].output[0]
     else:
@@ -212,8 +221,65 @@ def _to_output(g: _Graph, probs: str) -> tuple[str, list[onnx.NodeProto]]:
     return reshape[0].output[0], passed
 
 
+def _carries_weights(g: _Graph, name: str, budget: int = 400) -> bool:
+    """Whether `name` is computed from a non-scalar float constant (weights, slopes), as
+    opposed to the attention mask, shapes and scalars (a mask's fill value)."""
+    stack, seen = [name], set()
+    while stack and budget:
+        current = stack.pop()
+        if current in seen or not current:
+            continue
+        seen.add(current)
+        budget -= 1
+        init = g.initializers.get(current)
+        if init is not None:
+            if _float_array(numpy_helper.to_array(init)):
+                return True
+            continue
+        node = g.producer.get(current)
+        if node is None or node.op_type in ("Shape", "Size"):
+            continue  # an input, or only the shape of what came before
+        if node.op_type == "Constant":
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None and _float_array(numpy_helper.to_array(value)):
+                return True
+            continue
+        stack.extend(node.input)
+    return budget == 0  # too far to tell: as if it did
+
+
+def _float_array(array: Any) -> bool:
+    return bool(array.dtype.kind == "f" and array.size > 1)
+
+
+def _reaches(g: _Graph, name: str, source: str) -> bool:
+    """Whether `name` is `source` passed through repeat and layout ops only."""
+    for _ in range(16):
+        if name == source:
+            return True
+        node = g.producer.get(name)
+        if node is None or node.op_type not in _PASS_THROUGH:
+            return False
+        name = node.input[0]
+    return False
+
+
+MIN_OPSET = 13
+"""ai.onnx opset the rewrite's own nodes need (ReduceSum with axes as an input)."""
+
+
+def _check_graph(model: onnx.ModelProto) -> None:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        raise RewriteDeclined(f"the graph's opset is {opset}; the rewrite needs {MIN_OPSET}")
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for n in model.graph.node for a in n.attribute):  # fmt: skip
+        raise RewriteDeclined("the graph has subgraphs (If, Loop or Scan)")
+
+
 def find_attention(model: onnx.ModelProto, num_layers: int) -> list[Attention]:
     """Each layer's attention; RewriteDeclined naming the first layer that is not one."""
+    _check_graph(model)
     g = _Graph(model.graph)
     found = []
     for layer in range(num_layers):
@@ -228,6 +294,9 @@ def find_attention(model: onnx.ModelProto, num_layers: int) -> list[Attention]:
         query, q_factor, q_nodes = _query(g, scores.input[0])
         softmax, s_factor, softcap, s_nodes = _to_softmax(g, scores.output[0])
         output, o_nodes = _to_output(g, softmax.output[0])
+        values = next(n for n in o_nodes if n.op_type == "MatMul")
+        if not _reaches(g, values.input[1], f"present.{layer}.value"):
+            raise RewriteDeclined(f"layer {layer}'s probabilities multiply other values")
         found.append(
             Attention(
                 layer,
@@ -285,8 +354,8 @@ def _lengths() -> list[onnx.NodeProto]:
         ),
         helper.make_node("Sub", ["tensord_mask_count", "tensord_one"], ["tensord_seqlens64"]),
         helper.make_node("Cast", ["tensord_seqlens64"], [_SEQLENS], to=TensorProto.INT32),
-        helper.make_node("Shape", ["attention_mask"], ["tensord_mask_shape"], start=1, end=2),
-        helper.make_node("Squeeze", ["tensord_mask_shape"], ["tensord_total64"]),
+        helper.make_node("Shape", ["attention_mask"], ["tensord_mask_shape"]),
+        helper.make_node("Gather", ["tensord_mask_shape", "tensord_one"], ["tensord_total64"]),
         helper.make_node("Cast", ["tensord_total64"], [_TOTAL], to=TensorProto.INT32),
     ]
 
@@ -343,7 +412,7 @@ def _gqa(
 
 def _sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """`nodes` in an order where each comes after those it reads from (stable)."""
-    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     order: list[int] = []
     state = [0] * len(nodes)  # 0 new, 1 on the stack, 2 placed
     for root in range(len(nodes)):
@@ -382,10 +451,17 @@ def _prune(graph: onnx.GraphProto) -> None:
     graph.initializer.extend(used)
 
 
+MIXED_WINDOW_KEYS = ("max_window_layers", "sliding_window_pattern", "sliding_window_layers")
+"""config.json keys by which a family windows only some layers."""
+MIXED_WINDOW_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "cohere2"})
+"""Families whose layers alternate between windowed and full attention."""
+
+
 def layer_windows(config: dict[str, Any], num_layers: int) -> tuple[int | None, ...]:
     """Each layer's sliding window from config.json, as transformers reads it:
     `layer_types` ("sliding_attention" layers), else `sliding_window` for every layer
-    unless `use_sliding_window` is false; None where a layer attends to everything."""
+    unless `use_sliding_window` is false; None where a layer attends to everything.
+    RewriteDeclined where the config windows only some layers by a rule of its own."""
     window = config.get("sliding_window")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return (None,) * num_layers
@@ -394,6 +470,14 @@ def layer_windows(config: dict[str, Any], num_layers: int) -> tuple[int | None, 
         return tuple(window if t == "sliding_attention" else None for t in types)
     if config.get("use_sliding_window") is False:
         return (None,) * num_layers
+    mixed = [key for key in MIXED_WINDOW_KEYS if key in config]
+    if mixed or config.get("model_type") in MIXED_WINDOW_TYPES:
+        # Which layers are windowed is a family's own rule here; the load check's short
+        # sequences could not tell a wrong guess (the windows are thousands long).
+        raise RewriteDeclined(
+            f"config.json sets a sliding window of {window} without layer_types, and "
+            f"{', '.join(mixed) or config.get('model_type')} says it is not on every layer"
+        )
     return (window,) * num_layers
 
 
@@ -406,8 +490,7 @@ def rewrite_export(spec: GeneratorSpec) -> bytes:
     """An Optimum export's graph with its attention on GroupQueryAttention (and a
     position_ids input for a graph that counts positions from its past), serialized;
     the weights stay in their files. RewriteDeclined says why not."""
-    loaded = json.loads(spec.config_path.read_text())
-    config: dict[str, Any] = loaded if isinstance(loaded, dict) else {}
+    config = _config(spec)
     if spec.model_type in ALIBI_TYPES and config.get("alibi", spec.model_type != "falcon"):
         raise RewriteDeclined(
             f"{spec.model_type} attention adds ALiBi position biases, which "
@@ -428,6 +511,16 @@ def rewrite_export(spec: GeneratorSpec) -> bytes:
         num_layers=spec.num_layers,
         num_heads=spec.num_attention_heads,
         num_kv_heads=spec.num_kv_heads,
-        windows=layer_windows(config, spec.num_layers),
+        windows=layer_windows_of(spec),
     )
     return rewritten.SerializeToString()
+
+
+def _config(spec: GeneratorSpec) -> dict[str, Any]:
+    loaded = json.loads(spec.config_path.read_text())
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def layer_windows_of(spec: GeneratorSpec) -> tuple[int | None, ...]:
+    """layer_windows of the export's config.json (RewriteDeclined as there)."""
+    return layer_windows(_config(spec), spec.num_layers)

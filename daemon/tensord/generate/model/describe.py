@@ -14,7 +14,7 @@ from typing import Any
 import onnx
 
 from tensord.errors import ModelLoadError
-from tensord.generate.model.attention_rewrite import RewriteDeclined
+from tensord.generate.model.attention_rewrite import RewriteDeclined, layer_windows_of
 from tensord.generate.model.model_dir import GeneratorSpec, is_generator_dir, load_generator_dir
 from tensord.generate.model.serving_graph import PAGED_REASON, open_serving_graph
 from tensord.generate.model.slot_graph import (
@@ -28,7 +28,12 @@ from tensord.generate.model.slot_graph import (
     slot_layout,
     slot_runner,
 )
-from tensord.modelconfig.generator import BatchLayout, slot_max_model_len
+from tensord.modelconfig.generator import (
+    MIN_EXPORT_SLOTS,
+    BatchLayout,
+    GeneratorConfig,
+    slot_max_model_len,
+)
 from tensord.modelconfig.model import ModelConfig
 
 
@@ -66,6 +71,8 @@ def describe_generator(path: Path) -> dict[str, Any]:
         return _describe_export_slots(spec, report)
     except (RewriteDeclined, ModelLoadError) as exc:
         not_slots = str(exc)
+    except Exception as exc:  # as the loader: a run the slots could not take, paged
+        not_slots = f"{type(exc).__name__}: {exc}"
     try:
         serving = open_serving_graph(spec, ModelConfig())
     except ModelLoadError as exc:
@@ -86,7 +93,20 @@ def _describe_export_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[
     """An Optimum export rewritten onto GroupQueryAttention and checked as the loader
     does, on the CPU; RewriteDeclined or ModelLoadError when it stays paged."""
     length = slot_max_model_len(spec.context_length)
+    generator = GeneratorConfig()
+    limits = generator.resolve_slots(  # ModelLoadError when not even one slot fits
+        context_length=spec.context_length,
+        slot_bytes=lambda n: slot_layout(spec, n).slot_bytes,
+        budget_bytes=None,
+    )
+    few = min(MIN_EXPORT_SLOTS, generator.max_num_seqs)
+    if limits.num_blocks < few:
+        raise RewriteDeclined(
+            f"only {limits.num_blocks} KV slot(s) of max_model_len {length} fit the default "
+            f"KV budget, fewer than {few}"
+        )
     checked = min(length, 48)  # the checks' sequences: slots of their length only
+    windows = layer_windows_of(spec)
     opened = open_export_slots(spec, ModelConfig(), None, checked)
     try:
         runner = slot_runner(opened.session, spec, checked, 3, position_ids=True)
@@ -94,9 +114,9 @@ def _describe_export_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[
     finally:
         opened.session.backend.close()
     report.update(
-        layout="Optimum export",
-        built_for=["any provider (fp16 or bf16 on CUDA)"],
-        sliding_window=None,
+        layout="Optimum export, its attention rewritten onto GroupQueryAttention",
+        built_for=["cpu", "cuda (float16)"],
+        sliding_window=_windows_report(windows),
         kv_path="slots",
         kv_path_reason=REWRITE_REASON,
         batch_layout=BatchLayout.RAGGED.value,
@@ -146,3 +166,11 @@ def _describe_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, An
         default_max_model_len=length,
     )
     return report
+
+
+def _windows_report(windows: tuple[int | None, ...]) -> dict[str, Any] | None:
+    """The sliding window as inspect prints it: its size and the layers that have it."""
+    layers = [i for i, w in enumerate(windows) if w is not None]
+    if not layers:
+        return None
+    return {"window_size": max(w for w in windows if w is not None), "layers": layers}

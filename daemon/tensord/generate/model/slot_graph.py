@@ -23,7 +23,9 @@ import numpy as np
 import structlog
 
 from tensord.backends.base import DeviceOptions
-from tensord.backends.onnxruntime import OnnxRuntimeBackend
+from tensord.backends.onnxruntime import OnnxRuntimeBackend, available_providers
+from tensord.backends.ort_session import usable_providers
+from tensord.backends.providers import plan_providers
 from tensord.errors import ModelLoadError
 from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.model.attention_rewrite import RewriteDeclined, rewrite_export
@@ -198,7 +200,7 @@ def check_slots(runner: SlotRunner, spec: GeneratorSpec, max_model_len: int) -> 
             f"{spec.model_path}: a sequence decoding beside a longer one in its KV slot "
             f"gives logits {gap:.3g} away from one pass over its tokens (tolerance "
             f"{tolerance * scale:.3g}): the graph's attention does not read KV slots as "
-            "tensord writes them, so Generate does not serve it"
+            "tensord writes them"
         )
     runner.stats = PassStats()
 
@@ -213,6 +215,7 @@ def check_against_export(
     they do not (the rewrite changed the model)."""
     half = runner.storage.layout.dtype.itemsize < 4
     tolerance = 2e-2 if half else 1e-3
+    reference = reference[: runner.storage.num_slots]  # one slot each, never past the last
     prefix = [max(1, len(tokens) // 2) for tokens, _ in reference]
     items = [
         ScheduledRequest(str(i), tokens[:n], 0, [i])
@@ -303,6 +306,12 @@ def open_export_slots(
     computed (`bound`: the longest sequence the check may use, max_model_len); an fp32
     export on a CUDA device is declined (the kernel takes float16 or bfloat16 there)."""
     model = rewrite_export(spec)
+    device = _planned_device(config)
+    if device != "cpu" and spec.kv_dtype.numpy.itemsize > 2:
+        raise RewriteDeclined(
+            f"GroupQueryAttention on {device} takes float16 or bfloat16, and this export is "
+            f"{spec.kv_dtype.name}"
+        )
     sequences = check_sequences(spec, bound)
     logits = export_logits(spec, config, where, sequences)
     session = open_slot_session(spec, config, where, model)
@@ -313,6 +322,14 @@ def open_export_slots(
             f"export is {spec.kv_dtype.name}"
         )
     return ExportSlots(session, list(zip(sequences, logits, strict=True)))
+
+
+def _planned_device(config: ModelConfig) -> str:
+    """Where a session of `config` would run ("cpu", "cuda"): its first planned provider."""
+    plan = plan_providers(
+        usable_providers(available_providers()), config.preferred_provider, config.providers
+    )
+    return _DEVICE_PROVIDERS.get(plan.providers[0], "cpu") if plan.providers else "cpu"
 
 
 def check_runner(
