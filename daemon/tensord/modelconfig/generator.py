@@ -50,7 +50,8 @@ class GeneratorConfig(Settings):
     model_config = ConfigDict(extra="forbid")
 
     block_size: int = Field(default=16, ge=1, le=4096)
-    """Tokens per KV cache block: the unit of allocation and of prefix sharing."""
+    """Tokens per KV cache block of the paged pool: the unit of allocation and of prefix
+    sharing. Set, it keeps an Optimum export on the paged pool (not on KV slots)."""
     kv_cache_bytes: int | None = Field(default=None, ge=1, le=2**62)
     """The KV cache's size in bytes (keys and values of every layer); default 256 MiB
     when num_blocks is not set either (on KV slots on a GPU: half the device memory free
@@ -58,8 +59,9 @@ class GeneratorConfig(Settings):
     bytes) of them), are allocated and written once at load, so this memory is reserved up
     front and the process does not grow as sequences fill it."""
     num_blocks: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    """The paged KV pool's size in blocks, instead of kv_cache_bytes (not for a model
-    served on KV slots)."""
+    """The paged KV pool's size in blocks, instead of kv_cache_bytes. Set, it keeps an
+    Optimum export on the paged pool; a model-builder folder (always on KV slots) refuses
+    it."""
     max_num_seqs: int = Field(default=64, ge=1, le=65_536)
     """Sequences that may run (hold KV blocks and decode) at once."""
     max_num_batched_tokens: int = Field(default=2048, ge=1, le=INT32_MAX)
@@ -94,7 +96,9 @@ class GeneratorConfig(Settings):
     right-aligned; graphs with position_ids, and ALiBi models) or "equal_length" (only
     sequences with pasts of the same length; graphs that count positions from the past's
     length, such as Gemma's). "single" runs one sequence per pass. A layout wider than the
-    graph allows is refused at load, never served wrong."""
+    graph allows is refused at load, never served wrong. These are the paged pool's: on KV
+    slots every sequence attends over its own slot, any lengths in one pass ("ragged"), so
+    "equal_length" or "single" keeps an Optimum export on the paged pool."""
 
     @model_validator(mode="after")
     def _check(self) -> GeneratorConfig:
