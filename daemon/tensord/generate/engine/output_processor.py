@@ -1,8 +1,10 @@
 """The output processor: engine-core outputs in, stream chunks out, one slot per request.
 
-For every step's `EngineCoreOutput`s it detokenizes the new tokens, matches stop strings
-on the text (returning the requests a stop string ended, for the scheduler to finish),
-and puts a `RequestOutput` into the request's `RequestOutputCollector`. The collector
+For every step's `EngineCoreOutput`s it detokenizes the new tokens (each request with its
+model's tokenizer), matches stop strings on the text (returning the requests a stop string
+ended, for the engine to finish), and puts a `RequestOutput` into the request's
+`RequestOutputCollector`. The data plane's OutputStreams (streams.py) holds one, in
+whichever process reads the streams (a frontend, with frontend processes). The collector
 holds at most one pending chunk: when the reader is slower than the engine, new chunks
 merge into it (token ids, text and logprobs appended), so memory stays bounded whatever
 the reader does. The last chunk carries the finish reason and usage.
