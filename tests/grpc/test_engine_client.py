@@ -91,6 +91,13 @@ def test_the_engine_sends_token_ids_and_the_frontend_makes_the_text(
 
             linked = _linked(engine, config)
             plane, heard = await anext(linked)
+            remote = plane.engine
+            assert isinstance(remote, RemoteEngine)
+            for _ in range(300):  # read on a worker thread once the table names the model
+                if remote._tokenizers:
+                    break
+                await asyncio.sleep(0.01)
+            assert remote._tokenizers, "the tokenizer was not read ahead of the first request"
             assert await _text(plane, max_tokens=24, ignore_eos=True) == (tokens, text, finish)
             again = await _text(plane, max_tokens=24, ignore_eos=True, stop=[stop])
             assert again[1:] == (stopped, "stop")

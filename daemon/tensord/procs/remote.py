@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
 from tokenizers import Tokenizer
 
 from tensord.config import TensordConfig
@@ -47,6 +48,8 @@ from tensord.procs.messages import (
 )
 from tensord.procs.ring import Ring
 
+log = structlog.get_logger("tensord.procs")
+
 ENGINE_GONE = "the engine process restarted while this call was in it; retry"
 NO_ENGINE = "the engine process is starting or restarting; retry shortly"
 _RING_MARGIN = 64 * 1024
@@ -69,6 +72,8 @@ class RemoteEngine:
         self._loaded = asyncio.Event()
         self._tokenizers: dict[tuple[str, int], Tokenizer] = {}
         """By tokenizer file and the load of the version that serves it."""
+        self._reading: set[tuple[str, int]] = set()
+        self._reads: set[asyncio.Task[None]] = set()
 
     @property
     def table(self) -> ModelTable:
@@ -125,6 +130,7 @@ class RemoteEngine:
             keys = {(e.tokenizer_path, e.serial) for e in self._table.versions}
             for gone in set(self._tokenizers) - keys:  # versions no longer served
                 del self._tokenizers[gone]
+            self._preload_tokenizers()
             if self._table.loaded:
                 self._loaded.set()
             self.on_table()
@@ -218,6 +224,30 @@ class RemoteEngine:
         stopped = [int(r) for r in request_ids if self._sinks.pop(int(r), None) is not None]
         if stopped:
             self._post(("stop", stopped))
+
+    def _preload_tokenizers(self) -> None:
+        """Read each READY generator's tokenizer on a worker thread as soon as the table
+        names it, so that the first request does not read a large tokenizer.json on the
+        event loop (a request arriving before it is read reads it itself)."""
+        for entry in self._table.versions:
+            key = (entry.tokenizer_path, entry.serial)
+            if entry.generator is None or key in self._tokenizers or key in self._reading:
+                continue
+            self._reading.add(key)
+            task = asyncio.get_running_loop().create_task(self._read_tokenizer(key))
+            self._reads.add(task)
+            task.add_done_callback(self._reads.discard)
+
+    async def _read_tokenizer(self, key: tuple[str, int]) -> None:
+        try:
+            tokenizer = await asyncio.to_thread(load_tokenizer, Path(key[0]))
+        except Exception as exc:  # the request that needs it reads it and answers why
+            log.warning("frontend.tokenizer_unread", path=key[0], error=repr(exc))
+            return
+        finally:
+            self._reading.discard(key)
+        if any((e.tokenizer_path, e.serial) == key for e in self._table.versions):
+            self._tokenizers.setdefault(key, tokenizer)
 
     def tokenizer(self, entry: TableEntry) -> Tokenizer:
         """The version's tokenizer, read here from its file (once per load)."""
