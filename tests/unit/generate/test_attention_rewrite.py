@@ -239,3 +239,20 @@ def test_a_bias_added_to_the_scores_is_declined_from_the_graph(
             num_heads=spec.num_attention_heads,
             num_kv_heads=spec.num_kv_heads,
         )
+
+
+@pytest.mark.parametrize(("window", "longest"), [(100, 108), (4096, 40), (None, 40)])
+def test_the_load_check_reaches_past_a_short_window(
+    hf_exports: ExportCache, tmp_path: Path, window: int | None, longest: int
+) -> None:
+    """Its sequences pass every window up to CHECKED_WINDOW, so the kernel's window is
+    compared with the export's own; a longer one is not reached (40 tokens)."""
+    import shutil
+
+    directory = Path(shutil.copytree(hf_exports.get("mistral_sw16"), tmp_path / "m"))
+    config = json.loads((directory / "config.json").read_text())
+    config["sliding_window"] = window
+    (directory / "config.json").write_text(json.dumps(config))
+    spec = read_generator_spec(directory)
+    assert len(check_sequences(spec, 512)[0]) == longest
+    assert len(check_sequences(spec, 64)[0]) == min(longest, 63)

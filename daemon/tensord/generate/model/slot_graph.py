@@ -28,7 +28,11 @@ from tensord.backends.ort_session import usable_providers
 from tensord.backends.providers import plan_providers
 from tensord.errors import ModelLoadError
 from tensord.generate.core.scheduler_output import ScheduledRequest
-from tensord.generate.model.attention_rewrite import RewriteDeclined, rewrite_export
+from tensord.generate.model.attention_rewrite import (
+    RewriteDeclined,
+    layer_windows_of,
+    rewrite_export,
+)
 from tensord.generate.model.model_dir import GeneratorSpec
 from tensord.generate.worker.kv_slots import SlotLayout, SlotStorage
 from tensord.generate.worker.model_runner import PassStats
@@ -278,11 +282,17 @@ def export_logits(
         backend.close()
 
 
+CHECKED_WINDOW = 512
+"""The longest sliding window the load check reaches past (a longer one is taken from
+config.json as it is: its sequences would make the check too slow at load)."""
+
+
 def check_sequences(spec: GeneratorSpec, max_model_len: int) -> list[list[int]]:
-    """Two sequences of different lengths for check_against_export, past the longest
-    sliding window where the export has one (within max_model_len)."""
+    """Two sequences of different lengths for check_against_export: 40 tokens, or past the
+    longest sliding window up to CHECKED_WINDOW (within max_model_len)."""
     vocab = spec.vocab_size
-    longest = min(max_model_len - 1, 40)
+    windows = [w for w in layer_windows_of(spec) if w is not None and w <= CHECKED_WINDOW]
+    longest = min(max_model_len - 1, max([40, *(w + 8 for w in windows)]))
     return [
         [(13 * i + 7) % vocab for i in range(longest)],
         [(17 * i + 3) % vocab for i in range(max(4, longest * 2 // 3))],
