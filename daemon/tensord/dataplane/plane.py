@@ -201,20 +201,17 @@ class DataPlane:
         admit(GenerateFields(text_bytes(call.prompt), len(call.prompt_token_ids)), _row(entry))
         ids = call.prompt_token_ids
         text = bool(call.prompt) and not ids
+        tokenizer = self.engine.tokenizer(entry)
         if text:
-            ids = await self._tokenise(entry, call.prompt)
+            ids = await self._tokenise(tokenizer, entry, call.prompt)
         # The version may have been swapped out by a reload since it was looked up (an
-        # await, here or before the call came): the call goes to the one that serves now.
+        # await, here or before the call came): the call goes to the one that serves now,
+        # tokenised again when that is another load (perhaps another tokenizer).
         fresh = self._still_ready(entry, call.version, GENERATOR)
-        if (
-            text
-            and fresh.version != entry.version
-            and (
-                (fresh.tokenizer_path, fresh.prompt_prefix)
-                != (entry.tokenizer_path, entry.prompt_prefix)
-            )
-        ):
-            ids = await self._tokenise(fresh, call.prompt)
+        if fresh.serial != entry.serial:
+            tokenizer = self.engine.tokenizer(fresh)
+            if text:
+                ids = await self._tokenise(tokenizer, fresh, call.prompt)
         entry = fresh
         fields = GenerateFields(
             token_ids=len(call.prompt_token_ids),
@@ -225,7 +222,6 @@ class DataPlane:
         params = admit(fields, _row(entry))
         assert params is not None  # a parsed request resolves its sampling parameters
         arrival = call.arrival or time.monotonic()
-        tokenizer = self.engine.tokenizer(entry)
         request = EngineCoreRequest(entry.name, entry.version, ids, params, call.deadline, arrival)
         # No await from here until the stream is open: the engine's outputs reach the
         # streams on a later turn of the loop.
@@ -243,10 +239,9 @@ class DataPlane:
         finally:
             await chunks.aclose()  # a reader gone before the end aborts the request now
 
-    async def _tokenise(self, entry: TableEntry, text: str) -> list[int]:
-        """A text prompt's ids: the version's prefix (its BOS), then the text's (a long
-        text on a worker thread)."""
-        tokenizer = self.engine.tokenizer(entry)
+    async def _tokenise(self, tokenizer: Tokenizer, entry: TableEntry, text: str) -> list[int]:
+        """A text prompt's ids with `entry`'s tokenizer: the version's prefix (its BOS),
+        then the text's (a long text on a worker thread)."""
         ids = await off_loop(text, functools.partial(encode_text, tokenizer))
         return [*entry.prompt_prefix, *ids] if entry.prompt_prefix else ids
 
