@@ -168,10 +168,13 @@ def test_transformers_tokens_alone_and_in_waves(
         total = sum(NEW_TOKENS)
         # Near ties are rare on these weights: nearly every token is compared.
         assert compared >= 0.75 * total, compared
-        # Padded layouts put sequences of every length in one pass; equal_length ones share
-        # between streams whose prompts have the same length and that joined in the same
-        # step, which two requests sent at once do not always do: up to three tries.
-        least = 2 if name in EQUAL_LENGTH else 5
+        # Padded and ragged layouts put sequences of every length in one pass: four in one
+        # pass means a stream of the second wave joined the first wave's three while they
+        # decoded (more depends on how fast this host decodes against how fast the next wave
+        # starts). equal_length ones share between streams whose prompts have the same length
+        # and that joined in the same step, which two requests sent at once do not always do:
+        # up to three tries.
+        least = 2 if name in EQUAL_LENGTH else 4
         for _ in range(3):
             before = model_status(client, name).generator
             streams = _in_waves(client, family)
