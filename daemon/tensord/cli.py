@@ -242,6 +242,8 @@ def _print_generator(generator: dict[str, Any]) -> None:
             f"  one slot: {g['slot_bytes_at_default_max_model_len']} bytes at max_model_len "
             f"{g['default_max_model_len']}"
         )
+        reuse = "reused" if g["prefix_reuse"] else "not reused"
+        print(f"  prompt prefixes: {reuse}: {g['prefix_reuse_reason']}")
     elif g.get("kv_path"):
         print(f"  KV path: {g['kv_path']}: {g['kv_path_reason']}")
     print(f"  batch layout: {g['batch_layout']}: {g['batch_layout_reason']}")

@@ -26,6 +26,9 @@ from tests.generate_streams import greedy_tokens, in_waves, model_status
 SERVED = ["llama", "qwen2", "qwen3", "mistral_sw16", "qwen2_sw8", "phi3", "gemma2", "gemma3"]
 """mistral_sw16 windows every layer (16), qwen2_sw8 and gemma2 one layer (8), gemma3 its
 sliding layers: all shorter than the longest sequences here."""
+RINGS = {"mistral_sw16", "qwen2_sw8", "gemma2", "gemma3"}
+"""Their window-sized ring caches hold positions as they are for fewer than two blocks of
+the prefix store: their prefixes are not reused."""
 TWO_SLOTS = "llama_2slots"
 CHUNKED = "gemma2_chunked"
 """gemma2 (a window of 8 on layer 0) with a step budget of 8 tokens: prompts longer than
@@ -104,6 +107,14 @@ def test_transformers_tokens_alone_and_in_waves(
         assert sequences > passes > 0, (sequences, passes)
         assert after.max_pass_sequences >= 3  # three streams decoded in one pass
         assert after.kv_cache.used_blocks == 0  # every slot given back
+        # The waves repeat the prompts: their stored blocks were copied into the slots
+        # (not on models whose ring caches of a sliding window hold under two blocks).
+        if name in RINGS:
+            assert "prefixes not reused: a slot holds positions" in status.kv_path_reason
+        else:
+            assert status.kv_path_reason.count("prefixes not reused") == 0
+            assert after.prefix_hit_tokens > before.prefix_hit_tokens
+            assert after.prefix_bytes_loaded > before.prefix_bytes_loaded
         assert after.model_seconds > 0 and after.step_seconds >= after.model_seconds
 
 

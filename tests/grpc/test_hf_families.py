@@ -190,6 +190,11 @@ def test_transformers_tokens_alone_and_in_waves(
                 break
         assert sequences > passes > 0, (sequences, passes)
         assert after.max_pass_sequences >= least
+        if name in SLOTS:  # the waves' 17- and 20-token prompts found their first blocks
+            assert "prefixes not reused" not in status.kv_path_reason, status.kv_path_reason
+            assert after.prefix_hit_tokens - before.prefix_hit_tokens >= 32
+            assert after.prefix_bytes_loaded > before.prefix_bytes_loaded
+            assert after.prefix_store.cached_blocks > 0
 
 
 def test_keys_and_values_of_different_sizes_are_refused(server: ServerThread) -> None:

@@ -56,6 +56,7 @@ def test_a_decoder_export_says_whether_generate_serves_it(
     generator = report["generator"]
     assert generator["servable"] and generator["kv_path"] == "slots"
     assert generator["batch_layout"] == "ragged"
+    assert generator["prefix_reuse"], generator["prefix_reuse_reason"]
     assert generator["feeds_position_ids"] and not generator["takes_position_ids"]
     assert (generator["model_type"], generator["kv_heads"], generator["head_dim"]) == (
         "gemma",
@@ -154,8 +155,11 @@ def test_a_builder_folder_is_described_with_its_slots(capsys: pytest.CaptureFixt
     # Layer 0 holds the window (8 positions), layer 1 the whole max_model_len (256).
     per_position = 2 * 2 * 16 * 4  # keys and values, 2 KV heads of 16 floats
     assert generator["slot_bytes_at_default_max_model_len"] == per_position * (8 + 256)
+    assert not generator["prefix_reuse"]  # its ring of 8 positions holds under two blocks
+    assert "a slot holds positions as they are only up to 8" in generator["prefix_reuse_reason"]
     assert main(["inspect", str(built["gemma2"].path / "model.onnx")]) == 0
     out = capsys.readouterr().out
     assert "  sliding window of 8 on layers [0]" in out and "KV path: slots: " in out
+    assert "  prompt prefixes: not reused: a slot holds positions" in out
     refused = inspect_model(built["llama_bf16_cuda"].path / "model.onnx")["generator"]
     assert refused["servable"] is False and "built for cuda" in refused["reason"]

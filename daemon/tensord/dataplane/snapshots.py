@@ -101,6 +101,7 @@ def generator_snapshot(engine: GenerationEngine) -> GeneratorSnapshot:
         kv_path=engine.kv.name,
         kv_path_reason=engine.kv.reason,
         slot_bytes=engine.kv.slot_bytes,
+        prefix_block_bytes=store.block_bytes if (store := engine.kv.prefix_store) else 0,
     )
 
 

@@ -17,6 +17,7 @@ from tensord.backends.base import TensorSpec
 from tensord.dataplane.admission import GeneratorEntry
 from tensord.devices import CpuReport, GpuReport
 from tensord.executor.base import ExecutorStats
+from tensord.generate.core.kv_cache_manager import KVCacheStats
 from tensord.generate.core.outputs import RequestOutput, TokenLogprob
 from tensord.generate.core.sampling_params import (
     DEFAULT_MAX_LOGPROBS,
@@ -40,6 +41,7 @@ __all__ = [
     "GenerateCall",
     "GeneratorSnapshot",
     "HealthReport",
+    "KVCacheStats",
     "ModelHealth",
     "ModelSnapshot",
     "ModelState",
@@ -178,6 +180,8 @@ class GeneratorSnapshot:
     kv_path: str = "paged"
     kv_path_reason: str = ""
     slot_bytes: int = 0
+    prefix_block_bytes: int = 0
+    """Bytes of one block of the prefix store on KV slots (0: none)."""
 
 
 @dataclass(slots=True)

@@ -22,6 +22,19 @@ DEFAULT_CONTEXT_LENGTH = 2048
 with ALiBi have no table of positions)."""
 
 
+PREFIX_BLOCK_TOKENS = 16
+"""Tokens per block of the prefix store on KV slots: the unit of prefix sharing."""
+DEFAULT_PREFIX_CACHE_LIMIT = 2**30
+"""The prefix store's default size is the slots' bytes, at most this."""
+
+
+def prefix_cache_bytes(configured: int | None, slot_bytes: int) -> int:
+    """The prefix store's bytes: as configured, else the slots' bytes, at most 1 GiB."""
+    if configured is not None:
+        return configured
+    return min(slot_bytes, DEFAULT_PREFIX_CACHE_LIMIT)
+
+
 MIN_EXPORT_SLOTS = 4
 """An Optimum export whose KV budget holds fewer whole slots than this (and than
 max_num_seqs) serves on the paged pool, which shares the budget among sequences by their
@@ -90,6 +103,12 @@ class GeneratorConfig(Settings):
     work that shares the host's cores with the model (measured on 2 cores at 16 streams:
     about 13 % less server CPU per token and about 6 % more tokens/s than 1)."""
 
+    prefix_cache_bytes: int | None = Field(default=None, ge=0, le=2**62)
+    """Host memory that keeps prompt prefixes for reuse on KV slots: a request whose prompt
+    starts with blocks of 16 tokens a request before it computed gets their keys and values
+    copied into its slot instead of computing them again (the least recently used blocks
+    make room). Default: as many bytes as the slots hold, at most 1 GiB; 0 turns prefix
+    reuse off. On the paged pool the pool itself keeps prefixes, and this key is unused."""
     batch_layout: Literal["auto", "padded", "equal_length", "single"] = "auto"
     """How sequences of different lengths share a model pass. "auto" takes the widest the
     graph allows, checked on the model at load: "padded" (any lengths in one pass, pasts

@@ -125,6 +125,22 @@ class ModelCollector(Collector):
             "Sequences preempted because KV blocks ran out.",
             labels=labels,
         )
+        queried = CounterMetricFamily(
+            "tensord_generate_prefix_query_tokens",
+            "Prompt tokens looked up for a reusable prefix (the hit rate's denominator).",
+            labels=labels,
+        )
+        hits = CounterMetricFamily(
+            "tensord_generate_prefix_hit_tokens",
+            "Prompt tokens whose keys and values came from a cached prefix.",
+            labels=labels,
+        )
+        copied = CounterMetricFamily(
+            "tensord_kv_prefix_copied_bytes",
+            "Bytes copied between KV slots and the host prefix store "
+            '(direction "load": into slots; "save": into the store).',
+            labels=[*labels, "direction"],
+        )
         for mv in versions:
             engine = mv.engine if isinstance(mv, GeneratorVersion) else None
             if engine is None:
@@ -137,7 +153,11 @@ class ModelCollector(Collector):
             running.add_metric(values, stats.running)
             waiting.add_metric(values, stats.waiting)
             preemptions.add_metric(values, stats.preemptions)
-        yield from (used, free, cached, running, waiting, preemptions)
+            queried.add_metric(values, stats.prefix_query_tokens)
+            hits.add_metric(values, stats.prefix_hit_tokens)
+            copied.add_metric([*values, "load"], stats.prefix_bytes_loaded)
+            copied.add_metric([*values, "save"], stats.prefix_bytes_saved)
+        yield from (used, free, cached, running, waiting, preemptions, queried, hits, copied)
 
     @staticmethod
     def _executors(versions: Iterable[ModelVersion]) -> Iterator[Metric]:

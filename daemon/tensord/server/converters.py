@@ -11,6 +11,7 @@ from tensord.dataplane import (
     GenerateCall,
     GeneratorSnapshot,
     HealthReport,
+    KVCacheStats,
     ModelSnapshot,
     ModelState,
     PredictCall,
@@ -109,6 +110,22 @@ def generate_response(chunk: RequestOutput) -> pb.GenerateResponse:
     return response
 
 
+def _blocks(stats: KVCacheStats | None, block_bytes: int) -> pb.KvCacheStatus | None:
+    """A block pool's state (None: there is none)."""
+    if stats is None:
+        return None
+    return pb.KvCacheStatus(
+        block_size=stats.block_size,
+        total_blocks=stats.total_blocks,
+        used_blocks=stats.used_blocks,
+        free_blocks=stats.free_blocks,
+        cached_blocks=stats.cached_blocks,
+        utilization=stats.utilisation,
+        block_bytes=block_bytes,
+        total_bytes=block_bytes * stats.total_blocks,
+    )
+
+
 def generator_status(g: GeneratorSnapshot) -> pb.GeneratorStatus:
     """Encode a generator's limits and its engine's state for Info."""
     stats = g.stats
@@ -147,6 +164,10 @@ def generator_status(g: GeneratorSnapshot) -> pb.GeneratorStatus:
         slot_moves=stats.slot_moves,
         step_seconds=stats.step_seconds,
         model_seconds=stats.passes.run_seconds,
+        prefix_query_tokens=stats.prefix_query_tokens,
+        prefix_store=_blocks(stats.prefix_store, g.prefix_block_bytes),
+        prefix_bytes_loaded=stats.prefix_bytes_loaded,
+        prefix_bytes_saved=stats.prefix_bytes_saved,
     )
 
 

@@ -383,7 +383,7 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ..., instance_count: _Optional[int] = ..., dynamic_batching: _Optional[_Union[DynamicBatching, _Mapping]] = ..., executor_status: _Optional[_Union[ExecutorStatus, _Mapping]] = ..., preprocess: _Optional[_Union[ProcessingStep, _Mapping]] = ..., postprocess: _Optional[_Union[ProcessingStep, _Mapping]] = ..., generator: _Optional[_Union[GeneratorStatus, _Mapping]] = ...) -> None: ...
 
 class GeneratorStatus(_message.Message):
-    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_queue_size", "running", "waiting", "kv_cache", "steps", "generated_tokens", "prefix_hit_tokens", "preemptions", "eos_token_ids", "stream_interval", "batch_layout", "batch_layout_reason", "model_passes", "pass_sequences", "max_pass_sequences", "kv_path", "kv_path_reason", "slot_bytes", "slot_moves", "step_seconds", "model_seconds")
+    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_queue_size", "running", "waiting", "kv_cache", "steps", "generated_tokens", "prefix_hit_tokens", "preemptions", "eos_token_ids", "stream_interval", "batch_layout", "batch_layout_reason", "model_passes", "pass_sequences", "max_pass_sequences", "kv_path", "kv_path_reason", "slot_bytes", "slot_moves", "step_seconds", "model_seconds", "prefix_query_tokens", "prefix_store", "prefix_bytes_loaded", "prefix_bytes_saved")
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -408,6 +408,10 @@ class GeneratorStatus(_message.Message):
     SLOT_MOVES_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_QUERY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_STORE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BYTES_LOADED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BYTES_SAVED_FIELD_NUMBER: _ClassVar[int]
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -432,7 +436,11 @@ class GeneratorStatus(_message.Message):
     slot_moves: int
     step_seconds: float
     model_seconds: float
-    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache: _Optional[_Union[KvCacheStatus, _Mapping]] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., stream_interval: _Optional[int] = ..., batch_layout: _Optional[str] = ..., batch_layout_reason: _Optional[str] = ..., model_passes: _Optional[int] = ..., pass_sequences: _Optional[int] = ..., max_pass_sequences: _Optional[int] = ..., kv_path: _Optional[str] = ..., kv_path_reason: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., slot_moves: _Optional[int] = ..., step_seconds: _Optional[float] = ..., model_seconds: _Optional[float] = ...) -> None: ...
+    prefix_query_tokens: int
+    prefix_store: KvCacheStatus
+    prefix_bytes_loaded: int
+    prefix_bytes_saved: int
+    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache: _Optional[_Union[KvCacheStatus, _Mapping]] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., stream_interval: _Optional[int] = ..., batch_layout: _Optional[str] = ..., batch_layout_reason: _Optional[str] = ..., model_passes: _Optional[int] = ..., pass_sequences: _Optional[int] = ..., max_pass_sequences: _Optional[int] = ..., kv_path: _Optional[str] = ..., kv_path_reason: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., slot_moves: _Optional[int] = ..., step_seconds: _Optional[float] = ..., model_seconds: _Optional[float] = ..., prefix_query_tokens: _Optional[int] = ..., prefix_store: _Optional[_Union[KvCacheStatus, _Mapping]] = ..., prefix_bytes_loaded: _Optional[int] = ..., prefix_bytes_saved: _Optional[int] = ...) -> None: ...
 
 class KvCacheStatus(_message.Message):
     __slots__ = ("block_size", "total_blocks", "used_blocks", "free_blocks", "cached_blocks", "utilization", "block_bytes", "total_bytes")

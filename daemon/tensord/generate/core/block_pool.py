@@ -165,6 +165,11 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
 
+    def uncache(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take blocks out of the prefix cache (their bytes were never written)."""
+        for block in blocks:
+            self._evict(block)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; refused (False) while any block is in use."""
         if self.get_num_free_blocks() != self.num_blocks:

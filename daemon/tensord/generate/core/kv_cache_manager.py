@@ -196,11 +196,14 @@ class KVCacheManager:
         return self.block_pool.reset_prefix_cache()
 
     def _update_block_hashes(self, request: Request) -> list[BlockHash]:
-        """Extend the request's chained hashes to cover all its full blocks of tokens."""
-        hashes = request.block_hashes
-        tokens = request.all_token_ids
-        size = self.block_size
-        for start in range(len(hashes) * size, len(tokens) - size + 1, size):
-            parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, tokens[start : start + size]))
-        return hashes
+        return update_block_hashes(request, self.block_size)
+
+
+def update_block_hashes(request: Request, block_size: int) -> list[BlockHash]:
+    """Extend the request's chained hashes to cover all its full blocks of tokens."""
+    hashes = request.block_hashes
+    tokens = request.all_token_ids
+    for start in range(len(hashes) * block_size, len(tokens) - block_size + 1, block_size):
+        parent = hashes[-1] if hashes else None
+        hashes.append(hash_block_tokens(parent, tokens[start : start + block_size]))
+    return hashes

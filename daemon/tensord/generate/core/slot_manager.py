@@ -13,6 +13,10 @@ once between steps, moves the top sequences into the holes (as few moves as ther
 holes under the top, none for a sequence that left in the same step) and hands those
 moves to the runner, which copies the bytes before its next pass. A new sequence takes
 the lowest free slot. A decode step itself never moves the cache.
+
+With a prefix index (slot_prefix.py), a joining request's stored prefix is copied into its
+slot and its computed blocks are copied into the host store: the scheduler sees them as
+the paged manager's prefix hits.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from tensord.generate.core.block_pool import KVCacheBlock
 from tensord.generate.core.kv_cache_manager import KVCacheStats
 from tensord.generate.core.request import Request
+from tensord.generate.core.slot_prefix import SlotPrefixIndex
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,11 +41,15 @@ class SlotMove:
 class SlotManager:
     """Hands each running request one slot of `num_slots`, each `slot_tokens` long."""
 
-    def __init__(self, num_slots: int, slot_tokens: int) -> None:
+    def __init__(
+        self, num_slots: int, slot_tokens: int, prefix: SlotPrefixIndex | None = None
+    ) -> None:
+        """`prefix`: the host prefix store's index, None when prefixes are not reused."""
         if num_slots < 1 or slot_tokens < 1:
             raise ValueError(f"need >= 1 slot of >= 1 token, got {num_slots} x {slot_tokens}")
         self.num_slots = num_slots
         self.slot_tokens = slot_tokens
+        self.prefix = prefix
         self._slot_of: dict[str, int] = {}
         self._holder: list[str | None] = [None] * num_slots
         self.moves_made = 0
@@ -57,8 +66,10 @@ class SlotManager:
         return len(self._slot_of)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """No prefix reuse on slots: every prompt is computed."""
-        return [], 0
+        """The request's prefix the store holds (none without a prefix index)."""
+        if self.prefix is None:
+            return [], 0
+        return self.prefix.lookup(request)
 
     def allocate_slots(
         self,
@@ -67,8 +78,11 @@ class SlotManager:
         new_computed_blocks: Sequence[KVCacheBlock] = (),
     ) -> list[KVCacheBlock] | None:
         """Room for the request's next tokens: its slot, or the lowest free one; None
-        when every slot is held (or the tokens would overrun the slot)."""
-        if request.num_computed_tokens + num_new_tokens > self.slot_tokens:
+        when every slot is held (or the tokens would overrun the slot). A new request's
+        `new_computed_blocks` (get_computed_blocks') are copied into its slot before its
+        first pass."""
+        hit = len(new_computed_blocks) * (self.prefix.block_size if self.prefix else 0)
+        if request.num_computed_tokens + hit + num_new_tokens > self.slot_tokens:
             return None
         if request.request_id in self._slot_of:
             return []
@@ -77,16 +91,23 @@ class SlotManager:
         slot = self._holder.index(None)  # the lowest free row
         self._slot_of[request.request_id] = slot
         self._holder[slot] = request.request_id
+        if self.prefix is not None:
+            self.prefix.admitted(request, slot, new_computed_blocks)
         return []
 
     def cache_blocks(self, request: Request) -> None:
-        """Nothing to enter: slots are not shared."""
+        """After a step: the request's newly full blocks are owed to the prefix store."""
+        slot = self._slot_of.get(request.request_id)
+        if self.prefix is not None and slot is not None:
+            self.prefix.computed(request, slot)
 
     def free(self, request: Request) -> None:
         """Give the request's slot back (take_moves closes the hole)."""
         slot = self._slot_of.pop(request.request_id, None)
         if slot is not None:
             self._holder[slot] = None
+        if self.prefix is not None:
+            self.prefix.forget(request)
 
     def take_moves(self) -> list[SlotMove]:
         """Pack the held slots into rows 0..n-1: the highest held slot moves into the
@@ -117,6 +138,22 @@ class SlotManager:
             free_blocks=self.num_slots - used,
             cached_blocks=0,
             block_size=self.slot_tokens,
-            prefix_queries=0,
-            prefix_hits=0,
+            prefix_queries=self.prefix.query_tokens if self.prefix else 0,
+            prefix_hits=self.prefix.hit_tokens if self.prefix else 0,
+        )
+
+    def prefix_stats(self) -> KVCacheStats | None:
+        """The host prefix store's blocks (None without one)."""
+        if self.prefix is None:
+            return None
+        pool = self.prefix.pool
+        free = pool.get_num_free_blocks()
+        return KVCacheStats(
+            total_blocks=pool.num_blocks,
+            used_blocks=pool.num_blocks - free,
+            free_blocks=free,
+            cached_blocks=pool.get_num_cached_blocks(),
+            block_size=self.prefix.block_size,
+            prefix_queries=self.prefix.query_tokens,
+            prefix_hits=self.prefix.hit_tokens,
         )

@@ -39,6 +39,7 @@ from tensord.generate.core.sampling_params import (
 from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
 from tensord.generate.core.scheduler_output import SchedulerOutput
 from tensord.generate.core.slot_manager import SlotMove
+from tensord.generate.core.slot_prefix import PrefixLoad
 from tensord.generate.engine.handoff import OutputHandoff
 from tensord.generate.engine.kv_paths import KVPath
 from tensord.generate.engine.streams import OutputSink, OutputStreams
@@ -70,6 +71,14 @@ class EngineStats:
     """Sequences moved down into a freed slot (the slot path; 0 on the paged path)."""
     step_seconds: float = 0.0
     """Time in steps: scheduling, passes, sampling and bookkeeping (not idle waits)."""
+    prefix_query_tokens: int = 0
+    """Prompt tokens of admitted requests looked up for a reusable prefix."""
+    prefix_store: KVCacheStats | None = None
+    """The host prefix store of KV slots (None: the paged pool, or no reuse)."""
+    prefix_bytes_loaded: int = 0
+    """Bytes copied from the prefix store into slots."""
+    prefix_bytes_saved: int = 0
+    """Bytes copied from slots into the prefix store."""
 
 
 def sampling_defaults(spec: GeneratorSpec) -> GenerationDefaults:
@@ -223,6 +232,7 @@ class GenerationEngine:
 
     def stats(self) -> EngineStats:
         """Counters and the KV cache's state."""
+        store = self.kv.prefix_store
         with self._lock:
             s = self.scheduler.stats()
             return EngineStats(
@@ -236,6 +246,10 @@ class GenerationEngine:
                 passes=dataclasses.replace(self.runner.stats),
                 slot_moves=self.kv.slots.moves_made if self.kv.slots is not None else 0,
                 step_seconds=self._step_seconds,
+                prefix_query_tokens=s.kv_cache.prefix_queries,
+                prefix_store=self.kv.slots.prefix_stats() if self.kv.slots is not None else None,
+                prefix_bytes_loaded=store.bytes_loaded if store is not None else 0,
+                prefix_bytes_saved=store.bytes_saved if store is not None else 0,
             )
 
     def close(self, error: TensordError | None = None) -> None:
@@ -313,12 +327,14 @@ class GenerationEngine:
                 self._apply_aborts_and_stops()
                 if self._stopping is not None:
                     self._fail(list(self.scheduler.requests), self._stopping)
+                    self.kv.close()
                     return
                 # Slots freed since the last step are closed before this step's requests
                 # learn their slots (deadlines passing inside schedule() leave holes for
                 # the next step: a decode pass splits around a hole, never reads it).
                 self._moves.extend(self.kv.take_moves())
                 output = self.scheduler.schedule()
+                loads = self.kv.take_loads()  # stored prefixes of requests that joined
                 if output.preempted_req_ids:
                     self.runner.reset()
                 if output.expired_req_ids:
@@ -329,7 +345,7 @@ class GenerationEngine:
                     self._wake.wait(timeout=0.01)
                     continue
             try:
-                self._step(output, began)
+                self._step(output, began, loads)
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.error("engine.step_failed", model=self.name, error=repr(exc), exc_info=exc)
                 if isinstance(exc, DeviceLostError):
@@ -362,19 +378,14 @@ class GenerationEngine:
             stopped, self._stops = self._stops, []
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
 
-    def _step(self, output: SchedulerOutput, began: float) -> None:
+    def _step(self, output: SchedulerOutput, began: float, loads: list[PrefixLoad]) -> None:
         streams = len(output.scheduled)
-        if self._moves:  # slots freed below the top: their sequences move down first
-            moves, self._moves = self._moves, []
-            try:
-                self.kv.apply_moves(moves)
-            except Exception:
-                # The slot manager has rehomed them: whoever did not get its bytes, running
-                # this step or not, would decode over another's. End every held sequence.
+        try:
+            self._copy_slots(loads)
+        finally:
+            if loads:
                 with self._lock:
-                    held = [r.request_id for r in self.scheduler.running]
-                    self._fail(held, InternalError("moving KV slots failed; the log says why"))
-                raise
+                    self.kv.loads_done(loads)
         logits = self.runner.execute(
             output.scheduled, before_run=lambda: self.handoff.release_due(streams)
         )
@@ -383,6 +394,7 @@ class GenerationEngine:
             self._steps += 1
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
+            saves, saved = self.kv.take_saves()
             self._step_seconds += time.perf_counter() - began
             requests = self.scheduler.requests
             urgent = [  # finished, or this output holds the request's first tokens
@@ -393,6 +405,36 @@ class GenerationEngine:
                 or request.num_output_tokens == len(out.new_token_ids)
             ]
         self.handoff.hold(core_outputs, urgent)
+        if saves:  # before the next step's moves and passes change any slot
+            began = time.perf_counter()
+            failed = None
+            try:
+                self.kv.apply_saves(saves)
+            except Exception as exc:  # the store misses them; nothing served is wrong
+                log.warning("engine.prefix_save_failed", model=self.name, error=repr(exc))
+                failed = saved
+            with self._lock:
+                if failed:
+                    self.kv.saves_failed(failed)
+                self._step_seconds += time.perf_counter() - began
+
+    def _copy_slots(self, loads: list[PrefixLoad]) -> None:
+        """Before a step's passes: sequences moved down into freed slots, then stored
+        prefixes copied into the slots of requests that joined (a failed copy fails the
+        step: those prompts would read stale slots)."""
+        if self._moves:
+            moves, self._moves = self._moves, []
+            try:
+                self.kv.apply_moves(moves)
+            except Exception:
+                # The slot manager has rehomed them: whoever did not get its bytes, running
+                # this step or not, would decode over another's. End every held sequence.
+                with self._lock:
+                    held = [r.request_id for r in self.scheduler.running]
+                    self._fail(held, InternalError("moving KV slots failed; the log says why"))
+                raise
+        if loads:
+            self.kv.apply_loads(loads)
 
     def _sample(
         self, output: SchedulerOutput, logits: StepLogits

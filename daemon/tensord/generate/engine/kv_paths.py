@@ -3,7 +3,8 @@
 slots   fused attention (GroupQueryAttention, as ONNX Runtime GenAI's model builder
         emits it): each running sequence owns a slot of per-layer buffers, bound as
         past and present at once; a step never moves the cache (core/slot_manager.py,
-        worker/kv_slots.py, worker/slot_runner.py).
+        worker/kv_slots.py, worker/slot_runner.py). Prefixes are reused through a host
+        store, copied between steps (core/slot_prefix.py, worker/prefix_store.py).
 paged   Optimum exports (Concat-growing pasts): a paged block pool in host memory with
         prefix reuse and preemption; each pass gathers and scatters pasts
         (core/kv_cache_manager.py, worker/kv_storage.py, worker/model_runner.py).
@@ -17,10 +18,12 @@ from typing import Protocol
 
 import numpy as np
 
+from tensord.generate.core.block_pool import KVCacheBlock
 from tensord.generate.core.kv_cache_manager import KVCacheManager
 from tensord.generate.core.scheduler import KVAllocator
 from tensord.generate.core.scheduler_output import ScheduledRequest
 from tensord.generate.core.slot_manager import SlotManager, SlotMove
+from tensord.generate.core.slot_prefix import PrefixCopy, PrefixLoad, SlotPrefixIndex
 from tensord.generate.model.batch_layout import LayoutChoice
 from tensord.generate.model.model_dir import GeneratorSpec
 from tensord.generate.model.serving_graph import PAGED_REASON
@@ -28,6 +31,7 @@ from tensord.generate.model.slot_graph import RAGGED_REASON, SLOTS_REASON
 from tensord.generate.worker.kv_slots import SlotStorage
 from tensord.generate.worker.kv_storage import HostKVStorage, KVShape
 from tensord.generate.worker.model_runner import ModelRunner, PassStats, StepLogits
+from tensord.generate.worker.prefix_store import PrefixReuse, PrefixStore
 from tensord.generate.worker.slot_runner import SlotRunner
 from tensord.modelconfig.generator import BatchLayout, GeneratorLimits
 
@@ -61,6 +65,8 @@ class KVPath:
     layout: LayoutChoice
     slots: SlotManager | None = None
     storage: SlotStorage | HostKVStorage | None = field(default=None, repr=False)
+    prefix_store: PrefixStore | None = field(default=None, repr=False)
+    """The host prefix store of the slots (None: prefixes are not reused)."""
 
     def take_moves(self) -> list[SlotMove]:
         """Slot moves to apply before the next step (none on the paged path)."""
@@ -71,6 +77,46 @@ class KVPath:
         if moves:
             assert isinstance(self.storage, SlotStorage), "moves come from slots only"
             self.storage.apply_moves(moves)
+
+    def take_loads(self) -> list[PrefixLoad]:
+        """Prefix copies into slots that the scheduled step needs (engine lock held)."""
+        if self.slots is None or self.slots.prefix is None:
+            return []
+        return self.slots.prefix.take_loads()
+
+    def apply_loads(self, loads: Sequence[PrefixLoad]) -> None:
+        """The bytes of `loads` copied into their slots, before the step's passes."""
+        if loads:
+            assert self.prefix_store is not None and isinstance(self.storage, SlotStorage)
+            self.prefix_store.load(self.storage, [load.copy for load in loads])
+
+    def loads_done(self, loads: Sequence[PrefixLoad]) -> None:
+        """The store blocks of `loads` may be evicted again (engine lock held)."""
+        if loads and self.slots is not None and self.slots.prefix is not None:
+            self.slots.prefix.loaded(loads)
+
+    def take_saves(self) -> tuple[list[PrefixCopy], list[KVCacheBlock]]:
+        """Blocks a step computed that are owed to the prefix store, and the store blocks
+        they fill (engine lock held)."""
+        if self.slots is None or self.slots.prefix is None:
+            return [], []
+        return self.slots.prefix.take_saves()
+
+    def apply_saves(self, saves: Sequence[PrefixCopy]) -> None:
+        """The bytes of `saves` copied into the store, before any slot changes hands."""
+        if saves:
+            assert self.prefix_store is not None and isinstance(self.storage, SlotStorage)
+            self.prefix_store.save(self.storage, saves)
+
+    def saves_failed(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Those store blocks were not written: nobody may find them (engine lock held)."""
+        if self.slots is not None and self.slots.prefix is not None:
+            self.slots.prefix.save_failed(blocks)
+
+    def close(self) -> None:
+        """Give back what the engine's loop held (the prefix store's page-locked memory)."""
+        if self.prefix_store is not None:
+            self.prefix_store.close()
 
     @property
     def slot_bytes(self) -> int:
@@ -109,11 +155,21 @@ def paged_kv_path(
     )
 
 
-def slot_kv_path(runner: SlotRunner, max_model_len: int, reason: str = "") -> KVPath:
+def slot_kv_path(
+    runner: SlotRunner,
+    max_model_len: int,
+    reason: str = "",
+    prefix: PrefixReuse | None = None,
+) -> KVPath:
     """KV slots of `runner`'s storage (one per sequence of up to max_model_len tokens);
-    `reason`: why this model is on them (default: its graph's attention is fused)."""
+    `reason`: why this model is on them (default: its graph's attention is fused);
+    `prefix`: the host store that keeps prefixes for reuse, None for none."""
     storage = runner.storage
-    slots = SlotManager(storage.num_slots, max_model_len)
+    index = None
+    if prefix is not None:
+        store = prefix.store
+        index = SlotPrefixIndex(store.num_blocks, store.block_size, prefix.max_hit_tokens)
+    slots = SlotManager(storage.num_slots, max_model_len, index)
     return KVPath(
         name="slots",
         reason=reason or SLOTS_REASON,
@@ -123,4 +179,5 @@ def slot_kv_path(runner: SlotRunner, max_model_len: int, reason: str = "") -> KV
         layout=LayoutChoice(BatchLayout.RAGGED, RAGGED_REASON),
         slots=slots,
         storage=storage,
+        prefix_store=prefix.store if prefix is not None else None,
     )

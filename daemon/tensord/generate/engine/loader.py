@@ -22,6 +22,7 @@ from tensord.generate.engine.engine import GenerationEngine
 from tensord.generate.engine.kv_paths import paged_kv_path, slot_kv_path
 from tensord.generate.model.attention_rewrite import RewriteDeclined
 from tensord.generate.model.model_dir import GeneratorDirectory, load_generator_dir
+from tensord.generate.model.prefix_check import prefix_reuse
 from tensord.generate.model.serving_graph import open_serving_graph
 from tensord.generate.model.slot_graph import (
     REWRITE_REASON,
@@ -160,7 +161,15 @@ def _slot_engine(
             position_ids=True if rewrite else None,
         )
         check_runner(runner, spec, limits.max_model_len, reference)
-        kv = slot_kv_path(runner, limits.max_model_len, REWRITE_REASON if rewrite else "")
+        prefix = prefix_reuse(
+            runner, spec, limits.max_model_len, generator.prefix_cache_bytes, rewrite
+        )
+        kv = slot_kv_path(
+            runner, limits.max_model_len, REWRITE_REASON if rewrite else "", prefix.reuse
+        )
+        if prefix.reason:
+            kv.reason += f"; prefixes not reused: {prefix.reason}"
+            log.info("generator.no_prefix_reuse", model=name, reason=prefix.reason)
     except BaseException:
         session.backend.close()
         raise

@@ -16,11 +16,13 @@ import onnx
 from tensord.errors import ModelLoadError
 from tensord.generate.model.attention_rewrite import RewriteDeclined, layer_windows_of
 from tensord.generate.model.model_dir import GeneratorSpec, is_generator_dir, load_generator_dir
+from tensord.generate.model.prefix_check import prefix_reuse, slot_windows
 from tensord.generate.model.serving_graph import PAGED_REASON, open_serving_graph
 from tensord.generate.model.slot_graph import (
     RAGGED_REASON,
     REWRITE_REASON,
     SLOTS_REASON,
+    SlotSession,
     check_runner,
     check_slots,
     open_export_slots,
@@ -111,6 +113,7 @@ def _describe_export_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[
     try:
         runner = slot_runner(opened.session, spec, checked, 3, position_ids=True)
         check_runner(runner, spec, checked, opened.reference)
+        prefix = _prefix_report(opened.session, spec, length, rewritten=True)
     finally:
         opened.session.backend.close()
     report.update(
@@ -124,6 +127,7 @@ def _describe_export_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[
         slot_bytes_at_default_max_model_len=slot_layout(spec, length).slot_bytes,
         default_max_model_len=length,
         feeds_position_ids=True,
+        **prefix,
     )
     return report
 
@@ -152,6 +156,7 @@ def _describe_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, An
     checked = min(length, (window.window_size if window is not None else 0) + 16)
     try:
         check_slots(slot_runner(session, spec, checked, 3), spec, checked)
+        prefix = _prefix_report(session, spec, length, rewritten=False)
     except ModelLoadError as exc:
         report.update(servable=False, reason=str(exc))
         return report
@@ -164,8 +169,27 @@ def _describe_slots(spec: GeneratorSpec, report: dict[str, Any]) -> dict[str, An
         batch_layout_reason=RAGGED_REASON,
         slot_bytes_at_default_max_model_len=layout.slot_bytes,
         default_max_model_len=length,
+        **prefix,
     )
     return report
+
+
+def _prefix_report(
+    session: SlotSession, spec: GeneratorSpec, length: int, rewritten: bool
+) -> dict[str, Any]:
+    """Whether prompt prefixes are reused, checked as the loader does (on slots of the
+    check's length: a ring of a sliding window keeps its own length)."""
+    windows = [w for w in slot_windows(spec, rewritten) if w is not None and w <= 512]
+    checked = min(length, max(windows, default=0) + 64)
+    runner = slot_runner(session, spec, checked, 2, position_ids=True if rewritten else None)
+    verdict = prefix_reuse(runner, spec, checked, None, rewritten)
+    if verdict.reuse is not None:
+        verdict.reuse.store.close()
+    return {
+        "prefix_reuse": verdict.reuse is not None,
+        "prefix_reuse_reason": verdict.reason
+        or "a prompt over stored prefix blocks matched the same prompt computed whole",
+    }
 
 
 def _windows_report(windows: tuple[int | None, ...]) -> dict[str, Any] | None:

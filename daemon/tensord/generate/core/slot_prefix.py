@@ -1,0 +1,148 @@
+"""Prefix reuse on KV slots: which prompt prefixes the host prefix store holds.
+
+Slots are private to their sequences, so a prefix is shared by copying: once a step has
+computed a full block of a sequence's tokens, that block's keys and values are copied from
+the slot into a block of the host store (worker/prefix_store.py) under the block's chained
+hash (kv_cache_manager.hash_block_tokens: equal hashes, equal whole prefixes), unless the
+store holds that hash already. A request that joins looks its prompt up block by block; the
+blocks found are copied into its new slot before its first pass, and only the rest of its
+prompt is computed (always at least its last token, whose pass yields the next token's
+logits).
+
+This module only decides: it keeps the store's block pool (ref counts, hashes, the
+least-recently-used free list of block_pool.py) and the copies each step owes; the engine
+has the bytes copied between steps (kv_paths.py): a step's saves after it ran, before any
+slot changes hands, and the next step's loads after slot moves, before its passes. A block
+being loaded holds a reference until its copy is done, so no save evicts it meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tensord.generate.core.block_pool import BlockPool, KVCacheBlock
+from tensord.generate.core.kv_cache_manager import update_block_hashes
+from tensord.generate.core.request import Request
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixCopy:
+    """Blocks of one slot and the store: the slot's positions first_block * block_size
+    onwards, block i of them in store block store_blocks[i]."""
+
+    slot: int
+    first_block: int
+    store_blocks: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class PrefixLoad:
+    """A copy from the store into a slot, and the store blocks it holds until done."""
+
+    copy: PrefixCopy
+    blocks: list[KVCacheBlock]
+
+
+class SlotPrefixIndex:
+    """The host prefix store's blocks: lookups, and the copies each step owes."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_hit_tokens: int | None) -> None:
+        """`max_hit_tokens`: the longest prefix a request may take (a layer whose cache is a
+        window-sized ring holds positions as they are only up to its length), None for no
+        bound but the prompt's."""
+        self.pool = BlockPool(num_blocks, enable_caching=True)
+        self.block_size = block_size
+        self._max_hit_blocks = None if max_hit_tokens is None else max_hit_tokens // block_size
+        self._entered: dict[str, int] = {}
+        """Per running request: its leading blocks the store holds (found or saved)."""
+        self._saves: list[PrefixCopy] = []
+        self._saved_blocks: list[KVCacheBlock] = []
+        self._loads: list[PrefixLoad] = []
+        self.query_tokens = 0
+        """Prompt tokens of admitted requests looked up."""
+        self.hit_tokens = 0
+        """Of those, tokens copied from the store rather than computed."""
+
+    def lookup(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest stored prefix of a request about to join (not yet referenced), and
+        the tokens it holds."""
+        hashes = update_block_hashes(request, self.block_size)
+        most = (request.num_tokens - 1) // self.block_size
+        if self._max_hit_blocks is not None:
+            most = min(most, self._max_hit_blocks)
+        blocks: list[KVCacheBlock] = []
+        for block_hash in hashes[:most]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks, len(blocks) * self.block_size
+
+    def admitted(self, request: Request, slot: int, hits: Sequence[KVCacheBlock]) -> None:
+        """The request took `slot` with `hits` (from lookup): a load is owed."""
+        self.query_tokens += request.num_tokens
+        self.hit_tokens += len(hits) * self.block_size
+        self._entered[request.request_id] = len(hits)
+        if hits:
+            self.pool.touch(hits)
+            ids = tuple(block.block_id for block in hits)
+            self._loads.append(PrefixLoad(PrefixCopy(slot, 0, ids), list(hits)))
+
+    def computed(self, request: Request, slot: int) -> None:
+        """After a step: the request's full blocks of computed tokens that the store does not
+        hold yet are owed to it (the least recently used stored blocks make room)."""
+        entered = self._entered.get(request.request_id)
+        if entered is None:
+            return
+        full = request.num_computed_tokens // self.block_size
+        if full <= entered:
+            return
+        hashes = update_block_hashes(request, self.block_size)
+        run: list[int] = []
+        first = entered
+        for index in range(entered, full):
+            block = self.pool.get_cached_block(hashes[index])
+            if block is None:
+                new = self.pool.get_new_blocks(1)
+                if new is None:  # every block is being loaded: try again after the step
+                    break
+                block = new[0]
+                self.pool.cache_full_blocks([block], [hashes[index]], 0)
+                self.pool.free_blocks([block])  # kept, evictable, most recently used
+                self._saved_blocks.append(block)
+                if not run:
+                    first = index
+                run.append(block.block_id)
+            elif run:
+                self._saves.append(PrefixCopy(slot, first, tuple(run)))
+                run = []
+            entered = index + 1
+        if run:
+            self._saves.append(PrefixCopy(slot, first, tuple(run)))
+        self._entered[request.request_id] = entered
+
+    def forget(self, request: Request) -> None:
+        """The request left its slot."""
+        self._entered.pop(request.request_id, None)
+
+    def take_saves(self) -> tuple[list[PrefixCopy], list[KVCacheBlock]]:
+        """The copies into the store owed since the last call, and the blocks they fill."""
+        saves, blocks = self._saves, self._saved_blocks
+        self._saves, self._saved_blocks = [], []
+        return saves, blocks
+
+    def save_failed(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Those copies did not happen: nobody may find their hashes."""
+        self.pool.uncache(blocks)
+
+    def take_loads(self) -> list[PrefixLoad]:
+        """The copies into slots owed since the last call."""
+        loads, self._loads = self._loads, []
+        return loads
+
+    def loaded(self, loads: Sequence[PrefixLoad]) -> None:
+        """Those copies are done (or failed): their store blocks are free to evict again,
+        as the most recently used."""
+        for load in loads:
+            self.pool.free_blocks(load.blocks)
