@@ -10,6 +10,8 @@ host: tests/gpu/builder_fp16.py); without it these tests fail, saying so, rather
     leaving a hole that the top slot moves into, device to device) each give the greedy
     tokens of their prompt run alone, and those agree with transformers' float32
     reference up to the first float16 near tie;
+  * the staggered streams repeat the prompts run alone: their stored prefixes are copied
+    from the page-locked host prefix store into device slots, with the same tokens;
   * a decode pass binds the slots in place (present values come back at the slot
     addresses, on the device) and moves only token ids, the mask and logits: measured at
     contexts 32 and 1000, batches 1 and 8, with a profiled session of the same model
@@ -133,10 +135,11 @@ def test_staggered_streams_equal_each_alone_and_transformers(
         """Each prompt alone, then all as staggered streams (one event loop)."""
         pairs = zip(prompts, MAX_TOKENS, strict=True)
         alone = [await _generate(served, p, n) for p, n in pairs]
-        moves = served.stats().slot_moves
-        return alone, await _staggered(served, prompts), moves
+        stats = served.stats()
+        return alone, await _staggered(served, prompts), stats
 
-    alone, streams, moves = asyncio.run(alone_then_staggered())
+    alone, streams, before = asyncio.run(alone_then_staggered())
+    moves = before.slot_moves
     reference = json.loads(builder_fp16.REFERENCE.read_text())["runs"]
     against_reference = []
     for (tokens, _), run in zip(alone, reference, strict=True):
@@ -159,7 +162,14 @@ def test_staggered_streams_equal_each_alone_and_transformers(
         f"tokens compared: with transformers {against_reference} of {MAX_TOKENS}; "
         f"streams with their prompt alone {against_alone}"
     )
-    assert served.stats().slot_moves > moves, "no sequence moved slots: the compaction is untested"
+    after = served.stats()
+    assert after.slot_moves > moves, "no sequence moved slots: the compaction is untested"
+    # The staggered prompts repeat the ones run alone: their stored blocks were copied from
+    # page-locked host memory into device slots (16 + 64 + 288 tokens), and still gave the
+    # tokens of their prompts alone.
+    assert after.prefix_hit_tokens - before.prefix_hit_tokens == 16 + 64 + 288
+    assert after.prefix_bytes_loaded > before.prefix_bytes_loaded
+    assert after.prefix_bytes_saved > 0
     assert sum(against_reference) >= 8 and sum(against_alone) >= 8, (
         "near ties from the first steps: too little was compared"
     )

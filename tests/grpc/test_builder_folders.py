@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 import pytest
@@ -155,6 +155,72 @@ def test_more_streams_than_slots_queue_and_all_finish(
         assert all(compared_alone)
         after = model_status(client, TWO_SLOTS).generator
         assert after.max_pass_sequences == 2
+        assert after.kv_cache.used_blocks == 0
+
+
+def _prioritised(  # type: ignore[no-untyped-def]
+    client,
+    prompt: Sequence[int],
+    tokens: int,
+    priority: int,
+    out: list[int],
+    first: threading.Event,
+) -> None:
+    """A greedy stream of `priority` on the two-slot model: its tokens into `out`."""
+    for chunk in client.generate(
+        TWO_SLOTS,
+        token_ids=list(prompt),
+        max_tokens=tokens,
+        temperature=0,
+        ignore_eos=True,
+        priority=priority,
+    ):
+        out.extend(chunk.token_ids)
+        first.set()
+
+
+def test_a_higher_priority_stream_preempts_and_the_preempted_resume_as_alone(
+    server: ServerThread, built: dict[str, BuiltModel]
+) -> None:
+    """Both slots hold priority-5 streams when a priority-0 one arrives: the later of them
+    is preempted, the urgent stream starts at once with transformers' tokens, and the
+    preempted one resumes over its stored prefix with the tokens it gets alone."""
+    from tensord_client import Client
+
+    runs = built["llama"].reference_runs()
+    low, urgent = [runs[2], runs[5]], runs[4]  # prompts of 40 and 31 tokens; 22
+    with Client(server.target, timeout=60, retries=0) as client:
+        alone = [
+            greedy_tokens(client, TWO_SLOTS, list(run.prompt), 80, threading.Event()) for run in low
+        ]
+        for run, tokens in zip(low, alone, strict=True):
+            run.check(tokens)
+        for _ in range(3):  # a loaded host may finish the low streams before the urgent one
+            before = model_status(client, TWO_SLOTS).generator
+            got: list[list[int]] = [[], [], []]
+            firsts = [threading.Event() for _ in range(3)]
+            threads = [
+                threading.Thread(
+                    target=_prioritised, args=(client, run.prompt, 80, 5, got[i], firsts[i])
+                )
+                for i, run in enumerate(low)
+            ]
+            for thread in threads:
+                thread.start()
+            assert firsts[0].wait(30) and firsts[1].wait(30)
+            _prioritised(client, urgent.prompt, len(urgent.tokens), 0, got[2], firsts[2])
+            for thread in threads:
+                thread.join(60)
+            after = model_status(client, TWO_SLOTS).generator
+            assert got[0] == alone[0] and got[1] == alone[1]
+            urgent.check(got[2])
+            assert len(got[2]) == len(urgent.tokens)
+            if after.preemptions > before.preemptions:
+                break
+        assert after.preemptions > before.preemptions
+        # Each low stream joined over its stored prompt blocks (32 + 16 tokens), and the
+        # preempted one came back over at least one more block of its own.
+        assert after.prefix_hit_tokens - before.prefix_hit_tokens >= 32 + 16 + 16
         assert after.kv_cache.used_blocks == 0
 
 

@@ -141,8 +141,10 @@ def generate_request(
     token_ids: Iterable[int] | None,
     version: int,
     sampling: Mapping[str, Any],
+    priority: int = 0,
 ) -> pb.GenerateRequest:
     """A GenerateRequest; sampling keys are SamplingParams field names, None means unset.
+    `priority`: lower runs first (and may preempt higher values when the model is full).
 
     `stop` and `stop_token_ids` take one value or a list; token ids may be any iterable of
     integers, a NumPy array included.
@@ -160,6 +162,7 @@ def generate_request(
         prompt=prompt or "",
         prompt_token_ids=[int(t) for t in token_ids] if token_ids is not None else [],
         sampling=pb.SamplingParams(**fields),
+        priority=priority,
     )
 
 

@@ -130,13 +130,14 @@ class AsyncClient:
         version: int = 0,
         timeout: float | None = None,
         request_id: str | None = None,
+        priority: int = 0,
         **sampling: Any,
     ) -> AsyncIterator[GenerateChunk]:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...).
 
         The call starts here (its deadline counts from now, and bad arguments raise here);
         iterate the result with `async for`."""
-        request = generate_request(model, prompt, token_ids, version, sampling)
+        request = generate_request(model, prompt, token_ids, version, sampling, priority)
         call = self._stub.Generate(
             request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )

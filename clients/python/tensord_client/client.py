@@ -142,6 +142,7 @@ class Client:
         version: int = 0,
         timeout: float | None = None,
         request_id: str | None = None,
+        priority: int = 0,
         **sampling: Any,
     ) -> Iterator[GenerateChunk]:
         """Stream generated chunks; `sampling` takes SamplingParams fields (max_tokens, ...).
@@ -150,7 +151,7 @@ class Client:
         Stopping the iteration early, or closing or dropping the iterator, cancels it.
         The last chunk carries `finish_reason` ("STOP" or "LENGTH") and `usage`; a stream
         that fails part-way raises its typed error after the chunks already received."""
-        request = generate_request(model, prompt, token_ids, version, sampling)
+        request = generate_request(model, prompt, token_ids, version, sampling, priority)
         call = self._stub.Generate(
             request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )

@@ -222,6 +222,7 @@ class LocalEngine:
                 request.arrival,
                 sink,
                 ended,
+                priority=request.priority,
             )
         except BaseException:
             counter.__exit__(None, None, None)

@@ -222,7 +222,9 @@ class DataPlane:
         params = admit(fields, _row(entry))
         assert params is not None  # a parsed request resolves its sampling parameters
         arrival = call.arrival or time.monotonic()
-        request = EngineCoreRequest(entry.name, entry.version, ids, params, call.deadline, arrival)
+        request = EngineCoreRequest(
+            entry.name, entry.version, ids, params, call.deadline, arrival, call.priority
+        )
         # No await from here until the stream is open: the engine's outputs reach the
         # streams on a later turn of the loop.
         request_id = self.engine.add_generation(request, self.streams)

@@ -99,6 +99,8 @@ class GenerateCall:
     arrival: float = 0.0
     """time.monotonic() when the server received the request (0: when the data plane
     takes it); the stream's time to first token and inter-token times count from here."""
+    priority: int = 0
+    """Lower runs first; 0 is the default (core/scheduler.py)."""
 
 
 @dataclass(slots=True)
@@ -113,6 +115,7 @@ class EngineCoreRequest:
     deadline: float | None
     arrival: float
     """time.monotonic() when the server received the request."""
+    priority: int = 0
 
 
 @dataclass(slots=True)

@@ -135,6 +135,7 @@ def pack_request(request: EngineCoreRequest) -> tuple[Any, ...]:
         request.params,
         request.deadline,
         request.arrival,
+        request.priority,
     )
 
 

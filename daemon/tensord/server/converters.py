@@ -77,6 +77,7 @@ def generate_call(request: pb.GenerateRequest, time_remaining: float | None) -> 
         params,
         deadline,
         arrival=now,
+        priority=request.priority,
     )
 
 

@@ -31,9 +31,10 @@ def make_request(
     *,
     arrival: float = 0.0,
     deadline: float | None = None,
+    priority: int = 0,
     **sampling: object,
 ) -> Request:
-    return Request(request_id, list(prompt), params(**sampling), arrival, deadline)
+    return Request(request_id, list(prompt), params(**sampling), arrival, deadline, priority)
 
 
 def byte_level_bpe(corpus: Iterable[str], vocab_size: int) -> Tokenizer:

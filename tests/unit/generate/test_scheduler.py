@@ -235,6 +235,46 @@ def test_preempted_requests_return_to_the_queue_in_arrival_order() -> None:
     assert [r.request_id for r in scheduler.waiting] == ["d", "e", "f"]
 
 
+def test_a_lower_priority_value_joins_first_and_preempts_for_a_seat() -> None:
+    scheduler = make(max_num_seqs=2)
+    scheduler.add_request(make_request("low", tokens(1, 4), priority=5))
+    scheduler.add_request(make_request("later", tokens(10, 4), priority=5))
+    step(scheduler)
+    # every seat is taken: "waits" ranks after both (same priority), "urgent" before
+    scheduler.add_request(make_request("waits", tokens(20, 4), priority=5))
+    scheduler.add_request(make_request("urgent", tokens(30, 4), priority=1))
+    assert [r.request_id for r in scheduler.waiting] == ["urgent", "waits"]
+    second = step(scheduler)
+    # the last-ranked running request (same priority: the newest) makes room
+    assert second.preempted_req_ids == ["later"]
+    assert [i.request_id for i in second.scheduled] == ["low", "urgent"]
+    assert [r.request_id for r in scheduler.waiting] == ["later", "waits"]
+    later = scheduler.get_request("later")
+    assert later is not None and later.output_token_ids == [1010]  # kept for its return
+    # an equal priority never preempts: "later" waits for a seat
+    third = step(scheduler)
+    assert not third.preempted_req_ids
+    assert [i.request_id for i in third.scheduled] == ["urgent", "low"]  # in rank order
+    scheduler.abort(["low"])
+    fourth = step(scheduler)
+    assert [i.request_id for i in fourth.scheduled] == ["urgent", "later"]
+    assert plan(fourth)[1][:3] == ("later", 4, 1)  # its cached prompt block, then the rest
+
+
+def test_priority_orders_the_queue_and_preemption_for_blocks() -> None:
+    scheduler = make(max_model_len=44)
+    scheduler.add_request(make_request("bulk", tokens(1, 20), priority=3))  # 5 blocks
+    scheduler.add_request(make_request("vip", tokens(30, 20), priority=0))  # 5 blocks
+    first = step(scheduler)
+    assert [i.request_id for i in first.scheduled] == ["vip", "bulk"]
+    # 1 block left: a newcomer of priority 1 needs 2 and outranks bulk, which gives way
+    scheduler.add_request(make_request("mid", tokens(60, 6), priority=1))
+    second = step(scheduler)
+    assert second.preempted_req_ids == ["bulk"]
+    assert [i.request_id for i in second.scheduled] == ["vip", "mid"]
+    assert [r.request_id for r in scheduler.waiting] == ["bulk"]
+
+
 def test_deadline_expiry_finishes_and_frees() -> None:
     scheduler = make()
     scheduler.add_request(make_request("a", tokens(1, 6), deadline=5.0))

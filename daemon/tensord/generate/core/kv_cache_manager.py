@@ -172,6 +172,10 @@ class KVCacheManager:
         self._num_cached_blocks.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
 
+    def has_room(self, num_tokens: int) -> bool:
+        """Whether free blocks hold `num_tokens` more tokens of a new sequence."""
+        return -(-num_tokens // self.block_size) <= self.block_pool.get_num_free_blocks()
+
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table, a fresh list of block ids."""
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]

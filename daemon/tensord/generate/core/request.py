@@ -56,6 +56,9 @@ class Request:
     """time.monotonic() when the request was received."""
     deadline: float | None = None
     """time.monotonic() by which it must finish; None for no deadline."""
+    priority: int = 0
+    """Lower runs first: it is admitted before, and may preempt, requests of a higher
+    value; equal priorities are first come, first served."""
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     """The prompt followed by the output; filled from the prompt on creation."""

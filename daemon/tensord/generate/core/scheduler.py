@@ -1,16 +1,23 @@
 """The scheduler: continuous batching over the paged KV cache.
 
-Each step (`schedule`):
+Requests are ranked by (priority, arrival): a lower priority value first, then first
+come, first served. Each step (`schedule`):
 1. requests whose deadline has passed finish (FINISHED_DEADLINE) and free their blocks;
-2. every running request gets its next tokens, oldest first: one token for a decode, a
+2. while the first waiting request outranks the last-ranked running one by priority and
+   finds no room (seats, KV blocks or a slot), that running request is preempted;
+3. every running request gets its next tokens, in rank order: one token for a decode, a
    chunk of its prompt for a prefill in progress. When the pool has no block for one,
-   the newest running request is preempted: it frees its blocks and goes back to the
-   waiting queue with its generated tokens, which it recomputes (with its prompt) later;
-3. if nobody was preempted, waiting requests join first come, first served (no request
-   overtakes an older one), within the step's token budget (`max_num_batched_tokens`)
-   and `max_num_seqs`. A prompt longer than the remaining budget is prefilled in chunks
+   the last-ranked running request is preempted;
+4. unless step 3 preempted, waiting requests join in rank order (none overtakes one
+   ranked before it), within the step's token budget (`max_num_batched_tokens`) and
+   `max_num_seqs`. A prompt longer than the remaining budget is prefilled in chunks
    over several steps (chunked prefill); only the step that reaches its last token
    samples.
+
+A preempted request frees its blocks and goes back to the waiting queue, in its rank, with
+its generated tokens; it recomputes them (with its prompt) when it joins again, from the
+prefix cache as far as its blocks are still there (the paged pool keeps freed blocks
+cached; on KV slots its full blocks are in the host prefix store).
 
 The token budget always leaves one token for each running request after the one being
 scheduled, so a long prefill never stops the running sequences from decoding.
@@ -100,10 +107,11 @@ class KVAllocator(Protocol):
     def free(self, request: Request) -> None: ...
     def get_block_ids(self, request_id: str) -> list[int]: ...
     def stats(self) -> KVCacheStats: ...
+    def has_room(self, num_tokens: int) -> bool: ...
 
 
-def _arrival(request: Request) -> int:
-    return request.arrival_seq
+def _rank(request: Request) -> tuple[int, int]:
+    return (request.priority, request.arrival_seq)
 
 
 class Scheduler:
@@ -114,9 +122,9 @@ class Scheduler:
         self.kv_cache_manager = kv_cache_manager
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
-        """Ordered by arrival; preempted requests go back to their place."""
+        """Ordered by rank (priority, arrival); preempted requests go back to their place."""
         self.running: list[Request] = []
-        """Ordered by arrival: the last is the newest, the first to be preempted."""
+        """Ordered by rank: the last (lowest priority, newest) is the first preempted."""
         self._finished_req_ids: set[str] = set()
         self._arrivals = itertools.count()
         self._num_preemptions = 0
@@ -148,7 +156,7 @@ class Scheduler:
         request.arrival_seq = next(self._arrivals)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        bisect.insort(self.waiting, request, key=_rank)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[str]:
         """Finish requests from outside the step (abort, stop string, error, drain) and free
@@ -192,8 +200,10 @@ class Scheduler:
         """Choose this step's requests and tokens, allocating their KV slots."""
         output = SchedulerOutput()
         output.expired_req_ids = self._finish_expired(time.monotonic() if now is None else now)
+        self._preempt_for_priority(output)
+        preempted = len(output.preempted_req_ids)
         budget = self._schedule_running(output)
-        if not output.preempted_req_ids:
+        if len(output.preempted_req_ids) == preempted:
             self._schedule_waiting(output, budget)
         output.finished_req_ids = self._finished_req_ids
         self._finished_req_ids = set()
@@ -251,6 +261,24 @@ class Scheduler:
         ]
         return self.finish_requests(expired, RequestStatus.FINISHED_DEADLINE)
 
+    def _preempt_for_priority(self, output: SchedulerOutput) -> None:
+        """Preempt last-ranked running requests while the first waiting one has a lower
+        priority value than they do and no room to join."""
+        while self.waiting and self.running:
+            head, last = self.waiting[0], self.running[-1]
+            if last.priority <= head.priority or self._has_room(head):
+                return
+            self.running.pop()
+            self._preempt(last)
+            output.preempted_req_ids.append(last.request_id)
+
+    def _has_room(self, request: Request) -> bool:
+        """Whether a seat and KV room for the request's first chunk are free now."""
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        first = min(request.num_tokens, self.config.max_num_batched_tokens)
+        return self.kv_cache_manager.has_room(first)
+
     def _schedule_running(self, output: SchedulerOutput) -> int:
         """Give each running request its next tokens, preempting the newest when the pool
         is full. Returns the token budget left."""
@@ -290,7 +318,7 @@ class Scheduler:
             self.waiting.popleft()
             request.num_computed_tokens = num_hit
             request.status = RequestStatus.RUNNING
-            bisect.insort(self.running, request, key=_arrival)
+            bisect.insort(self.running, request, key=_rank)
             output.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
 
@@ -312,7 +340,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self._num_preemptions += 1
-        bisect.insort(self.waiting, request, key=_arrival)
+        bisect.insort(self.waiting, request, key=_rank)
         log.debug(
             "request.preempted",
             request_id=request.request_id,

@@ -124,6 +124,10 @@ class SlotManager:
         self.moves_made += len(moves)
         return moves
 
+    def has_room(self, num_tokens: int) -> bool:
+        """Whether a slot is free (and holds that many tokens)."""
+        return self.num_used < self.num_slots and num_tokens <= self.slot_tokens
+
     def get_block_ids(self, request_id: str) -> list[int]:
         """[the request's slot], or [] when it holds none."""
         slot = self._slot_of.get(request_id)

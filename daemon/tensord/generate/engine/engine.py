@@ -152,17 +152,19 @@ class GenerationEngine:
         arrival_time: float | None,
         sink: OutputSink,
         on_end: Callable[[], None] | None = None,
+        priority: int = 0,
     ) -> str:
         """Admit a request (raises InvalidArgument / ResourceExhausted / Unavailable at
         once) and return its id: its outputs go to `sink`, on the event loop, and `on_end`
         is called there once it has ended (finished, failed, expired, stopped or aborted).
         Parameters the data plane's admission resolved are taken as they are.
-        `arrival_time` (time.monotonic()) is when the server received it."""
+        `arrival_time` (time.monotonic()) is when the server received it; `priority`:
+        lower runs first (core/scheduler.py)."""
         resolved = self._resolve(params, len(prompt_token_ids))
         self.handoff.loop = asyncio.get_running_loop()
         request_id = f"{self.name}-{next(_REQUEST_IDS)}"
         arrived = time.monotonic() if arrival_time is None else arrival_time
-        request = Request(request_id, list(prompt_token_ids), resolved, arrived, deadline)
+        request = Request(request_id, list(prompt_token_ids), resolved, arrived, deadline, priority)
         with self._wake:
             if self._stopping is not None:
                 raise self._stopping
@@ -177,6 +179,7 @@ class GenerationEngine:
         params: SamplingParams | ResolvedSamplingParams,
         deadline: float | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """One request's chunks, text included, read right here (tools and benchmarks
         that drive an engine without a server); a reader that goes away aborts it."""
@@ -184,7 +187,9 @@ class GenerationEngine:
             self._streams = OutputStreams(self.stop, self.abort)
         arrived = time.monotonic() if arrival_time is None else arrival_time
         resolved = self._resolve(params, len(prompt_token_ids))
-        request_id = self.add_request(prompt_token_ids, resolved, deadline, arrived, self._streams)
+        request_id = self.add_request(
+            prompt_token_ids, resolved, deadline, arrived, self._streams, priority=priority
+        )
         collector = self._streams.open(
             request_id, self.directory.tokenizer, prompt_token_ids, resolved, arrived
         )
