@@ -13,8 +13,8 @@ from tensord.generate.worker.prefix_store import PrefixStore
 from tests.unit.generate.helpers import make_request
 
 
-def _manager(store_blocks: int = 8, max_hit: int | None = None) -> SlotManager:
-    return SlotManager(4, 64, SlotPrefixIndex(store_blocks, 4, max_hit))
+def _manager(store_blocks: int = 8, held: int | None = None) -> SlotManager:
+    return SlotManager(4, 64, SlotPrefixIndex(store_blocks, 4, held))
 
 
 def _admit(manager: SlotManager, request: Request) -> int:
@@ -27,9 +27,10 @@ def _admit(manager: SlotManager, request: Request) -> int:
 
 
 def _drain(manager: SlotManager) -> tuple[list[PrefixCopy], list[PrefixCopy]]:
-    """The saves and loads owed, loads done."""
+    """The saves and loads owed, both done."""
     assert manager.prefix is not None
-    saves, _ = manager.prefix.take_saves()
+    saves, saving = manager.prefix.take_saves()
+    manager.prefix.saved(saving, done=True)
     loads = manager.prefix.take_loads()
     manager.prefix.loaded(loads)
     return saves, [load.copy for load in loads]
@@ -64,11 +65,21 @@ def test_the_last_prompt_token_is_always_computed() -> None:
     assert hit == 4 and len(hits) == 1  # its last token's pass yields the next logits
 
 
-def test_a_ring_layer_bounds_the_prefix_taken() -> None:
-    manager = _manager(max_hit=4)
-    _admit(manager, make_request("a", list(range(1, 14))))
-    _drain(manager)
-    assert manager.get_computed_blocks(make_request("b", list(range(1, 14))))[1] == 4
+def test_a_ring_layer_bounds_the_prefix_taken_and_stored() -> None:
+    manager = _manager(held=9)
+    a = make_request("a", list(range(1, 9)))
+    _admit(manager, a)  # 8 tokens: held as they are
+    assert _drain(manager)[0] == [PrefixCopy(0, 0, (0, 1))]
+    assert manager.get_computed_blocks(make_request("b", list(range(1, 14))))[1] == 8
+    # past 9 tokens the ring has overwritten positions: no block of it is stored again
+    c = make_request("c", list(range(50, 62)))
+    _admit(manager, c)  # 12 tokens in one pass
+    assert _drain(manager)[0] == []
+    c.append_output_token(7)
+    c.num_computed_tokens = 13
+    manager.cache_blocks(c)
+    assert _drain(manager)[0] == []
+    assert manager.get_computed_blocks(make_request("d", list(range(50, 62))))[1] == 0
 
 
 def test_least_recently_used_blocks_make_room_and_loading_ones_stay() -> None:
@@ -85,17 +96,40 @@ def test_least_recently_used_blocks_make_room_and_loading_ones_stay() -> None:
     manager.prefix.loaded(loads)
     c.num_computed_tokens = 9
     manager.cache_blocks(c)  # after the load: c's blocks take the least recently used
-    assert manager.prefix.take_saves()[0] == [PrefixCopy(2, 0, (0, 1))]
+    saves, saving = manager.prefix.take_saves()
+    assert saves == [PrefixCopy(2, 0, (1, 0))]  # a's last block went first
+    # not found before its bytes are in
+    assert manager.get_computed_blocks(make_request("e", list(range(100, 109))))[1] == 0
+    manager.prefix.saved(saving, done=True)
+    assert manager.get_computed_blocks(make_request("e", list(range(100, 109))))[1] == 8
     assert manager.get_computed_blocks(make_request("d", list(range(1, 10))))[1] == 0
+
+
+def test_one_step_saves_no_more_than_the_store_holds() -> None:
+    manager = _manager(store_blocks=2)
+    long = make_request("long", list(range(1, 26)))  # 6 full blocks
+    _admit(manager, long)
+    assert manager.prefix is not None
+    saves, saving = manager.prefix.take_saves()
+    assert saves == [PrefixCopy(0, 0, (0, 1))]  # the first two; the rest after the copy
+    manager.prefix.saved(saving, done=True)
+    assert manager.get_computed_blocks(make_request("x", list(range(1, 26))))[1] == 8
+    # Its next blocks would evict its first ones and never be found: none is stored.
+    long.append_output_token(9)
+    long.num_computed_tokens = 26
+    manager.cache_blocks(long)
+    assert manager.prefix.take_saves()[0] == []
+    assert manager.get_computed_blocks(make_request("y", list(range(1, 26))))[1] == 8
 
 
 def test_a_failed_save_is_never_found() -> None:
     manager = _manager()
     _admit(manager, make_request("a", list(range(1, 10))))
     assert manager.prefix is not None
-    _, blocks = manager.prefix.take_saves()
-    manager.prefix.save_failed(blocks)
+    _, saving = manager.prefix.take_saves()
+    manager.prefix.saved(saving, done=False)
     assert manager.get_computed_blocks(make_request("b", list(range(1, 10))))[1] == 0
+    assert manager.prefix.pool.get_num_free_blocks() == 8  # nothing held
 
 
 def test_a_freed_slot_is_forgotten_and_stats_count_the_store() -> None:

@@ -62,6 +62,13 @@ class FreeKVCacheBlockQueue:
         self.remove(block)
         return block
 
+    def peek(self) -> KVCacheBlock:
+        """The block at the head, left in place."""
+        block = self._head.next_free_block
+        if block is None or block is self._tail:
+            raise ValueError("no free blocks")
+        return block
+
     def remove(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
@@ -164,6 +171,11 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_block_queue.append(block)
+
+    def next_evicted(self) -> KVCacheBlock | None:
+        """The block the next allocation takes (the free list's head), None if none."""
+        queue = self.free_block_queue
+        return None if queue.num_free_blocks == 0 else queue.peek()
 
     def uncache(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take blocks out of the prefix cache (their bytes were never written)."""

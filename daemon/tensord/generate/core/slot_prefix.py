@@ -13,7 +13,10 @@ This module only decides: it keeps the store's block pool (ref counts, hashes, t
 least-recently-used free list of block_pool.py) and the copies each step owes; the engine
 has the bytes copied between steps (kv_paths.py): a step's saves after it ran, before any
 slot changes hands, and the next step's loads after slot moves, before its passes. A block
-being loaded holds a reference until its copy is done, so no save evicts it meanwhile.
+being loaded, or being saved, holds a reference until its copy is done, so nothing evicts
+it meanwhile; a saved block is found under its hash only once its bytes are in. Blocks go
+back to the free list last block first, so a prefix's first block is the last evicted (the
+others are unreachable without it).
 """
 
 from __future__ import annotations
@@ -47,17 +50,20 @@ class PrefixLoad:
 class SlotPrefixIndex:
     """The host prefix store's blocks: lookups, and the copies each step owes."""
 
-    def __init__(self, num_blocks: int, block_size: int, max_hit_tokens: int | None) -> None:
-        """`max_hit_tokens`: the longest prefix a request may take (a layer whose cache is a
-        window-sized ring holds positions as they are only up to its length), None for no
-        bound but the prompt's."""
+    def __init__(self, num_blocks: int, block_size: int, held_tokens: int | None) -> None:
+        """`held_tokens`: how long a sequence's slot holds its positions as they are (a
+        layer whose cache is a window-sized ring overwrites them past that): no block is
+        stored from a sequence longer than that and no request takes a longer prefix. None:
+        the whole slot."""
         self.pool = BlockPool(num_blocks, enable_caching=True)
         self.block_size = block_size
-        self._max_hit_blocks = None if max_hit_tokens is None else max_hit_tokens // block_size
+        self._held_tokens = held_tokens
+        self._max_hit_blocks = None if held_tokens is None else held_tokens // block_size
         self._entered: dict[str, int] = {}
         """Per running request: its leading blocks the store holds (found or saved)."""
         self._saves: list[PrefixCopy] = []
-        self._saved_blocks: list[KVCacheBlock] = []
+        self._saving: list[tuple[KVCacheBlock, bytes]] = []
+        """The store blocks the owed saves fill (referenced), and their hashes."""
         self._loads: list[PrefixLoad] = []
         self.query_tokens = 0
         """Prompt tokens of admitted requests looked up."""
@@ -96,27 +102,37 @@ class SlotPrefixIndex:
         if entered is None:
             return
         full = request.num_computed_tokens // self.block_size
+        if self._held_tokens is not None and request.num_computed_tokens > self._held_tokens:
+            # A ring has overwritten positions this step may have completed: none is saved.
+            self._entered[request.request_id] = max(entered, full)
+            return
         if full <= entered:
             return
         hashes = update_block_hashes(request, self.block_size)
         run: list[int] = []
         first = entered
+        chain = set(hashes[:entered])
         for index in range(entered, full):
             block = self.pool.get_cached_block(hashes[index])
             if block is None:
+                evicted = self.pool.next_evicted()
+                if evicted is not None and evicted.block_hash in chain:
+                    # Room only by evicting a block before it in this very prefix: this
+                    # one could never be found. The sequence stores nothing more.
+                    entered = full
+                    break
                 new = self.pool.get_new_blocks(1)
-                if new is None:  # every block is being loaded: try again after the step
+                if new is None:  # every block is being copied: try again after the step
                     break
                 block = new[0]
-                self.pool.cache_full_blocks([block], [hashes[index]], 0)
-                self.pool.free_blocks([block])  # kept, evictable, most recently used
-                self._saved_blocks.append(block)
+                self._saving.append((block, hashes[index]))
                 if not run:
                     first = index
                 run.append(block.block_id)
             elif run:
                 self._saves.append(PrefixCopy(slot, first, tuple(run)))
                 run = []
+            chain.add(hashes[index])
             entered = index + 1
         if run:
             self._saves.append(PrefixCopy(slot, first, tuple(run)))
@@ -126,15 +142,21 @@ class SlotPrefixIndex:
         """The request left its slot."""
         self._entered.pop(request.request_id, None)
 
-    def take_saves(self) -> tuple[list[PrefixCopy], list[KVCacheBlock]]:
-        """The copies into the store owed since the last call, and the blocks they fill."""
-        saves, blocks = self._saves, self._saved_blocks
-        self._saves, self._saved_blocks = [], []
-        return saves, blocks
+    def take_saves(self) -> tuple[list[PrefixCopy], list[tuple[KVCacheBlock, bytes]]]:
+        """The copies into the store owed since the last call, and the blocks they fill
+        with their hashes (pass them to `saved` once copied)."""
+        saves, saving = self._saves, self._saving
+        self._saves, self._saving = [], []
+        return saves, saving
 
-    def save_failed(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Those copies did not happen: nobody may find their hashes."""
-        self.pool.uncache(blocks)
+    def saved(self, saving: Sequence[tuple[KVCacheBlock, bytes]], done: bool) -> None:
+        """Those copies are done (`done`: their blocks are found under their hashes from
+        now on) or did not happen (the blocks are free, unhashed); either way the blocks
+        go back to the free list, last first."""
+        if done:
+            for block, block_hash in saving:
+                self.pool.cache_full_blocks([block], [block_hash], 0)  # first copy wins
+        self.pool.free_blocks(block for block, _ in reversed(saving))
 
     def take_loads(self) -> list[PrefixLoad]:
         """The copies into slots owed since the last call."""
@@ -145,4 +167,4 @@ class SlotPrefixIndex:
         """Those copies are done (or failed): their store blocks are free to evict again,
         as the most recently used."""
         for load in loads:
-            self.pool.free_blocks(load.blocks)
+            self.pool.free_blocks(reversed(load.blocks))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import structlog
 
 from tensord.errors import DeviceLostError, InternalError, TensordError, UnavailableError
+from tensord.generate.core.block_pool import KVCacheBlock
 from tensord.generate.core.kv_cache_manager import KVCacheStats
 from tensord.generate.core.outputs import EngineCoreOutput, RequestOutput, TokenLogprob
 from tensord.generate.core.request import Request, RequestStatus
@@ -39,7 +40,7 @@ from tensord.generate.core.sampling_params import (
 from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
 from tensord.generate.core.scheduler_output import SchedulerOutput
 from tensord.generate.core.slot_manager import SlotMove
-from tensord.generate.core.slot_prefix import PrefixLoad
+from tensord.generate.core.slot_prefix import PrefixCopy, PrefixLoad
 from tensord.generate.engine.handoff import OutputHandoff
 from tensord.generate.engine.kv_paths import KVPath
 from tensord.generate.engine.streams import OutputSink, OutputStreams
@@ -322,6 +323,12 @@ class GenerationEngine:
     # -- the engine thread -------------------------------------------------------------
 
     def _run_loop(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.kv.close()
+
+    def _loop(self) -> None:
         while True:
             with self._wake:
                 if not self._has_work():
@@ -332,7 +339,6 @@ class GenerationEngine:
                 self._apply_aborts_and_stops()
                 if self._stopping is not None:
                     self._fail(list(self.scheduler.requests), self._stopping)
-                    self.kv.close()
                     return
                 # Slots freed since the last step are closed before this step's requests
                 # learn their slots (deadlines passing inside schedule() leave holes for
@@ -365,6 +371,7 @@ class GenerationEngine:
                     )
                 )
                 with self._lock:
+                    self.kv.discard_saves()  # owed by a step that did not finish
                     self._fail([item.request_id for item in output.scheduled], error)
 
     def _has_work(self) -> bool:
@@ -399,7 +406,7 @@ class GenerationEngine:
             self._steps += 1
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
-            saves, saved = self.kv.take_saves()
+            saves, saving = self.kv.take_saves()
             self._step_seconds += time.perf_counter() - began
             requests = self.scheduler.requests
             urgent = [  # finished, or this output holds the request's first tokens
@@ -409,19 +416,25 @@ class GenerationEngine:
                 or out.finished
                 or request.num_output_tokens == len(out.new_token_ids)
             ]
-        self.handoff.hold(core_outputs, urgent)
-        if saves:  # before the next step's moves and passes change any slot
-            began = time.perf_counter()
-            failed = None
-            try:
-                self.kv.apply_saves(saves)
-            except Exception as exc:  # the store misses them; nothing served is wrong
-                log.warning("engine.prefix_save_failed", model=self.name, error=repr(exc))
-                failed = saved
-            with self._lock:
-                if failed:
-                    self.kv.saves_failed(failed)
-                self._step_seconds += time.perf_counter() - began
+        try:
+            self.handoff.hold(core_outputs, urgent)
+        finally:
+            if saving:  # before the next step's moves and passes change any slot
+                self._save(saves, saving)
+
+    def _save(self, saves: list[PrefixCopy], saving: list[tuple[KVCacheBlock, bytes]]) -> None:
+        """Copy a step's full blocks into the prefix store; a failed copy only means the
+        store misses them."""
+        began = time.perf_counter()
+        done = False
+        try:
+            self.kv.apply_saves(saves)
+            done = True
+        except Exception as exc:
+            log.warning("engine.prefix_save_failed", model=self.name, error=repr(exc))
+        with self._lock:
+            self.kv.saved(saving, done)
+            self._step_seconds += time.perf_counter() - began
 
     def _copy_slots(self, loads: list[PrefixLoad]) -> None:
         """Before a step's passes: sequences moved down into freed slots, then stored

@@ -95,9 +95,9 @@ class KVPath:
         if loads and self.slots is not None and self.slots.prefix is not None:
             self.slots.prefix.loaded(loads)
 
-    def take_saves(self) -> tuple[list[PrefixCopy], list[KVCacheBlock]]:
+    def take_saves(self) -> tuple[list[PrefixCopy], list[tuple[KVCacheBlock, bytes]]]:
         """Blocks a step computed that are owed to the prefix store, and the store blocks
-        they fill (engine lock held)."""
+        they fill with their hashes (engine lock held; pass them to `saved`)."""
         if self.slots is None or self.slots.prefix is None:
             return [], []
         return self.slots.prefix.take_saves()
@@ -108,10 +108,15 @@ class KVPath:
             assert self.prefix_store is not None and isinstance(self.storage, SlotStorage)
             self.prefix_store.save(self.storage, saves)
 
-    def saves_failed(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Those store blocks were not written: nobody may find them (engine lock held)."""
-        if self.slots is not None and self.slots.prefix is not None:
-            self.slots.prefix.save_failed(blocks)
+    def saved(self, saving: Sequence[tuple[KVCacheBlock, bytes]], done: bool) -> None:
+        """take_saves' blocks copied (`done`: found under their hashes from now on) or not;
+        either way free again (engine lock held)."""
+        if saving and self.slots is not None and self.slots.prefix is not None:
+            self.slots.prefix.saved(saving, done)
+
+    def discard_saves(self) -> None:
+        """Forget saves owed by a step that failed (engine lock held)."""
+        self.saved(self.take_saves()[1], done=False)
 
     def close(self) -> None:
         """Give back what the engine's loop held (the prefix store's page-locked memory)."""
@@ -168,7 +173,7 @@ def slot_kv_path(
     index = None
     if prefix is not None:
         store = prefix.store
-        index = SlotPrefixIndex(store.num_blocks, store.block_size, prefix.max_hit_tokens)
+        index = SlotPrefixIndex(store.num_blocks, store.block_size, prefix.held_tokens)
     slots = SlotManager(storage.num_slots, max_model_len, index)
     return KVPath(
         name="slots",

@@ -138,6 +138,7 @@ def _slot_engine(
         session, reference = opened.session, opened.reference
     else:
         session = open_slot_session(spec, session_config, where)
+    prefix = None
     try:
         limits = generator.resolve_slots(
             context_length=spec.context_length,
@@ -170,10 +171,13 @@ def _slot_engine(
         if prefix.reason:
             kv.reason += f"; prefixes not reused: {prefix.reason}"
             log.info("generator.no_prefix_reuse", model=name, reason=prefix.reason)
+        engine = GenerationEngine(name, directory, limits, kv)
     except BaseException:
+        if prefix is not None and prefix.reuse is not None:
+            prefix.reuse.store.close()
         session.backend.close()
         raise
-    return GenerationEngine(name, directory, limits, kv), session.backend
+    return engine, session.backend
 
 
 def _warm_up(engine: GenerationEngine) -> None:

@@ -73,8 +73,8 @@ def prefix_reuse(
         return PrefixVerdict(None, "[generator] prefix_cache_bytes is 0")
     rings = [n for n in layout.lengths if n < max_model_len]
     window = spec.genai.sliding_window if spec.genai is not None else None
-    max_hit = window.window_size if rings and window is not None else None
-    reach = min(max_model_len - 2, max_hit or max_model_len)
+    held = window.window_size if rings and window is not None else None
+    reach = min(max_model_len - 2, held or max_model_len)
     if num_blocks < 2:
         return PrefixVerdict(
             None,
@@ -99,7 +99,7 @@ def prefix_reuse(
     except BaseException:
         store.close()
         raise
-    return PrefixVerdict(PrefixReuse(store, max_hit), "")
+    return PrefixVerdict(PrefixReuse(store, held), "")
 
 
 def check_prefix(runner: SlotRunner, store: PrefixStore, vocab: int, reach: int) -> None:

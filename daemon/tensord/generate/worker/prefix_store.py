@@ -58,12 +58,15 @@ class PrefixStore:
 
     @property
     def nbytes(self) -> int:
-        return int(self.blocks.nbytes)
+        return self.num_blocks * self.block_bytes
 
     @property
     def block_bytes(self) -> int:
         """One block's keys and values, every layer."""
-        return int(self.blocks[0].nbytes) if self.num_blocks else 0
+        lay = self.layout
+        return (
+            2 * lay.num_layers * lay.kv_heads * self.block_size * lay.head_dim * lay.dtype.itemsize
+        )
 
     def close(self) -> None:
         """Give page-locked memory back (the store is unusable afterwards)."""
@@ -147,7 +150,8 @@ class PrefixStore:
 def _copy_2d(
     dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int, to_device: bool
 ) -> None:
-    """`height` rows of `width` bytes between page-locked host memory and a device."""
+    """`height` rows of `width` bytes between page-locked host memory and a device (the
+    engine thread's current one: _synchronise sets it)."""
     from cuda.bindings import runtime as cudart
 
     from tensord.cuda.runtime import check
@@ -168,13 +172,14 @@ def _synchronise(storage: SlotStorage, copies: Sequence[PrefixCopy]) -> None:
 
         from tensord.cuda.runtime import check
 
+        check(cudart.cudaSetDevice(storage.device_id), "cudaSetDevice")
         check(cudart.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
 
 @dataclass(slots=True, frozen=True)
 class PrefixReuse:
-    """A prefix store for KV slots, and the longest prefix a request may take from it
-    (None: any but its last token)."""
+    """A prefix store for KV slots, and how long a slot holds positions as they are (a
+    ring of a sliding window overwrites them past that; None: the whole slot)."""
 
     store: PrefixStore
-    max_hit_tokens: int | None
+    held_tokens: int | None
