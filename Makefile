@@ -233,7 +233,8 @@ gpu-ort-pack: | $(PY)
 # GPU call 3 carries build/gpu-models: the Generate benchmark's Llama through the model
 # builder as GPU users download it (-p fp16 -e cuda), with transformers' greedy reference
 # (tests/gpu/builder_fp16.py, in the genai venv it makes on first use; reused while its
-# inputs stand). It prints the size (6.9 MiB: too much beside both onnxruntime-gpu parts).
+# inputs stand), and the Optimum export of the same weights, as exported and in float16.
+# It prints the size (27 MiB: too much beside both onnxruntime-gpu parts).
 gpu-models: $(SETUP_STAMP)
 	$(PY) -m tests.gpu.builder_fp16
 

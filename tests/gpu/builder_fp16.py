@@ -13,6 +13,14 @@ the pinned genai venv (tests/genai_models.py), and carried:
                                                       weights) after each of PROMPTS, with
                                                       every step's top-2 logit gap
     build/gpu-models/llama-fp16-cuda.key              the build's cache key
+    build/gpu-models/llama-optimum-fp32/              the Optimum export of the same weights
+                                                      (benchmarks/hf_llama.py), as exported
+    build/gpu-models/llama-optimum-fp16/              that export converted to float16 by
+                                                      ONNX Runtime's transformers tools
+                                                      (float16.convert_float_to_float16,
+                                                      inputs and outputs too: what
+                                                      `optimum-cli onnxruntime optimize -O4`
+                                                      writes), its pasts float16
 
 The model is benchmarks/hf_llama.py's LLAMA (hidden 256, 4 layers, 4 heads sharing 2 KV
 heads, intermediate 512, context 2048) on the tests' tiny-Llama defaults (vocab 2048, the
@@ -36,6 +44,8 @@ NAME = "llama-fp16-cuda"
 FOLDER = ROOT / NAME
 REFERENCE = ROOT / f"{NAME}.reference.json"
 KEY = ROOT / f"{NAME}.key"
+OPTIMUM_FP32 = ROOT / "llama-optimum-fp32"
+OPTIMUM_FP16 = ROOT / "llama-optimum-fp16"
 CARRY_LIMIT = 64 * 2**20
 """What one device call may carry, the work tree included."""
 
@@ -71,7 +81,7 @@ def family_kwargs() -> dict[str, Any]:
 
 
 def build(root: Path = ROOT) -> Path:
-    """The folder under `root` (built, or reused when its key matches); prints its size."""
+    """The folder under `root` (built, or reused when its key matches)."""
     from tests.genai_models import BuilderFamily, models_key
 
     family = BuilderFamily(
@@ -95,7 +105,6 @@ def _build_locked(family: Any, key: str, root: Path) -> Path:
     current = stamp.is_file() and stamp.read_text().strip() == key
     if current and folder.is_dir() and reference.is_file():
         print(f"gpu-models: {_shown(folder)} is current (key {key})")
-        report(root)
         return folder
     built = build_models([family], PROMPTS, NEW_TOKENS)[family.name]
     assert built.reference is not None
@@ -105,7 +114,6 @@ def _build_locked(family: Any, key: str, root: Path) -> Path:
     shutil.copyfile(built.reference, reference)
     stamp.write_text(key + "\n")
     print(f"gpu-models: {_shown(folder)} built (key {key})")
-    report(root)
     return folder
 
 
@@ -140,8 +148,38 @@ def _shown(path: Path) -> Path:
     return path.relative_to(REPO) if path.is_relative_to(REPO) else path
 
 
+def build_optimum(root: Path = ROOT) -> tuple[Path, Path]:
+    """The benchmark Llama's Optimum export (same weights as the builder folder) under
+    `root` as it is, and converted to float16; rebuilt when the export changes."""
+    import hashlib
+
+    from tests.generate_reference import benchmark_module
+
+    export = benchmark_module("hf_llama").optimum_llama()
+    key = hashlib.sha256((export / "model.onnx").read_bytes()).hexdigest()
+    fp32, fp16 = root / OPTIMUM_FP32.name, root / OPTIMUM_FP16.name
+    stamp = root / "llama-optimum.key"
+    if stamp.is_file() and stamp.read_text().strip() == key and fp32.is_dir() and fp16.is_dir():
+        print(f"gpu-models: {_shown(fp32)} and {_shown(fp16)} are current")
+        return fp32, fp16
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    stamp.unlink(missing_ok=True)
+    for folder in (fp32, fp16):
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(export, folder, ignore=shutil.ignore_patterns(".built"))
+    half = convert_float_to_float16(onnx.load(str(export / "model.onnx")), keep_io_types=False)
+    onnx.save(half, str(fp16 / "model.onnx"))
+    stamp.write_text(key + "\n")
+    print(f"gpu-models: {_shown(fp32)} and {_shown(fp16)} built")
+    return fp32, fp16
+
+
 def main() -> int:
     build()
+    build_optimum()
+    report(ROOT)
     return 0
 
 

@@ -19,10 +19,12 @@
 #    tests marked ort_gpu (TF32 off); Predict through the daemon on the CUDA provider
 #    (kernel_bench.py --predict-only: GPU against CPU preprocessing, kernels.json).
 # 6. Where build/gpu-models is carried (`make gpu-models`: the fp16 CUDA builder folder of
-#    the Generate benchmark's Llama, 6.9 MiB, which does not fit beside both parts, so
-#    call 3 carries it on its own): slots, tests/gpu/test_slots_gpu.py (tensord's loader
-#    serves the folder on KV slots in device memory; streams against each alone and
-#    transformers; a decode pass moves no KV bytes), and generate-bench,
+#    the Generate benchmark's Llama and its Optimum export in float32 and float16, 27 MiB,
+#    which does not fit beside both parts, so call 3 carries it on its own): slots,
+#    tests/gpu/test_slots_gpu.py (tensord's loader serves the folder, and the float16
+#    export rewritten, on KV slots in device memory; streams against each alone and
+#    transformers; prefixes through page-locked memory; a decode pass moves no KV bytes),
+#    and generate-bench,
 #    benchmarks/gpu_generate_bench.py (tokens/s at 1, 16 and 64 streams,
 #    gpu-generate.json). Not carried, both are left to call 3, saying so; named in
 #    TENSORD_GPU_STEPS without it, the call fails.

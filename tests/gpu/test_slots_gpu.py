@@ -175,6 +175,80 @@ def test_staggered_streams_equal_each_alone_and_transformers(
     )
 
 
+def _load(path: Path) -> tuple[Any, Any]:
+    from tensord.backends.base import DeviceOptions
+    from tensord.backends.ort_session import prepare_cuda_libraries
+    from tensord.generate.engine.loader import load_engine
+    from tensord.modelconfig.model import ModelConfig
+
+    if not (path / "model.onnx").is_file():
+        pytest.fail(f"{path} is not here: run `make gpu-models`", pytrace=False)
+    prepare_cuda_libraries()
+    config = ModelConfig(kind="generator", preferred_provider="cuda")
+    engine, placement, _, _ = load_engine(path.name, path / "model.onnx", config, DeviceOptions())
+    return engine, placement
+
+
+def test_a_float16_optimum_export_is_rewritten_onto_device_slots() -> None:
+    """The Optimum export of the same weights, converted to float16: its attention
+    rewritten onto GroupQueryAttention on the CUDA provider, checked against the export,
+    its prefixes reused; alone, each prompt gives transformers' tokens up to the first
+    float16 near tie, and a repeated prompt comes back over its stored prefix."""
+    import numpy as np
+
+    served, placement = _load(builder_fp16.OPTIMUM_FP16)
+    try:
+        assert placement.provider == CUDA, placement.provider_reason
+        kv = served.kv
+        assert kv.name == "slots", kv.reason
+        assert "rewritten at load onto GroupQueryAttention" in kv.reason
+        assert "prefixes not reused" not in kv.reason, kv.reason
+        assert kv.storage.device == "cuda" and kv.storage.layout.dtype == np.dtype(np.float16)
+        pairs = list(zip(builder_fp16.PROMPTS, MAX_TOKENS, strict=True))
+
+        async def runs() -> list[tuple[list[int], list[float]]]:
+            return [await _generate(served, p, n) for p, n in pairs + pairs[-1:]]
+
+        *alone, again = asyncio.run(runs())
+        reference = json.loads(builder_fp16.REFERENCE.read_text())["runs"]
+        compared = [
+            ReferenceRun(
+                tuple(run["prompt"]),
+                tuple(run["tokens"]),
+                tuple(run["top2_gaps"]),
+                tuple(run["max_logits"]),
+                tie_gap=builder_fp16.FP16_TIE,
+            ).check(tokens)
+            for (tokens, _), run in zip(alone, reference, strict=True)
+        ]
+        print(f"float16 Optimum export on device slots: tokens compared {compared}")
+        assert sum(compared) >= 8, "near ties from the first steps: too little was compared"
+        tokens, gaps = alone[-1]
+        ReferenceRun(
+            tuple(pairs[-1][0]),
+            tuple(tokens),
+            tuple(gaps),
+            (0.0,) * len(gaps),
+            tie_gap=STREAM_TIE,
+        ).check(again[0])
+        stats = served.stats()
+        assert stats.prefix_hit_tokens >= 288 and stats.prefix_bytes_loaded > 0
+    finally:
+        served.close()
+
+
+def test_a_float32_optimum_export_keeps_the_paged_path_on_cuda() -> None:
+    """GroupQueryAttention on CUDA takes float16 or bfloat16: a float32 export is served
+    as exported, with that reason."""
+    served, placement = _load(builder_fp16.OPTIMUM_FP32)
+    try:
+        assert placement.provider == CUDA, placement.provider_reason
+        assert served.kv.name == "paged"
+        assert "takes float16 or bfloat16, and this export is float32" in served.kv.reason
+    finally:
+        served.close()
+
+
 def test_decode_binds_slots_in_place_and_moves_no_kv(folder: Path, tmp_path: Path) -> None:
     from tensord.backends.ort_session import prepare_cuda_libraries
 

@@ -209,6 +209,13 @@ def check_slots(runner: SlotRunner, spec: GeneratorSpec, max_model_len: int) -> 
     runner.stats = PassStats()
 
 
+HALF_EXPORT_TOLERANCE = 5e-2
+"""The largest gap (relative to the largest logit) between a float16 export and its rewrite:
+both round in float16, differently (fused attention accumulates in float32), and a float16
+export is itself a few hundredths from its float32 original (the benchmark Llama: 0.018);
+a wrong rewrite moves the logits by tenths or more."""
+
+
 def check_against_export(
     runner: SlotRunner, spec: GeneratorSpec, reference: Sequence[tuple[list[int], np.ndarray]]
 ) -> None:
@@ -218,7 +225,7 @@ def check_against_export(
     decoding together; every step's logits must match the export's. ModelLoadError when
     they do not (the rewrite changed the model)."""
     half = runner.storage.layout.dtype.itemsize < 4
-    tolerance = 2e-2 if half else 1e-3
+    tolerance = HALF_EXPORT_TOLERANCE if half else 1e-3
     reference = reference[: runner.storage.num_slots]  # one slot each, never past the last
     prefix = [max(1, len(tokens) // 2) for tokens, _ in reference]
     items = [
@@ -320,7 +327,7 @@ def open_export_slots(
     if device != "cpu" and spec.kv_dtype.numpy.itemsize > 2:
         raise RewriteDeclined(
             f"GroupQueryAttention on {device} takes float16 or bfloat16, and this export is "
-            f"{spec.kv_dtype.name}"
+            f"{spec.kv_dtype.numpy.name}"
         )
     sequences = check_sequences(spec, bound)
     logits = export_logits(spec, config, where, sequences)
@@ -329,7 +336,7 @@ def open_export_slots(
         session.backend.close()
         raise RewriteDeclined(
             f"GroupQueryAttention on {session.device} takes float16 or bfloat16, and this "
-            f"export is {spec.kv_dtype.name}"
+            f"export is {spec.kv_dtype.numpy.name}"
         )
     return ExportSlots(session, list(zip(sequences, logits, strict=True)))
 
