@@ -144,6 +144,52 @@ def test_sigterm_drains_in_flight_calls(test_repo: Path, tmp_path: Path) -> None
             daemon.process.kill()
 
 
+def test_clients_that_hold_their_connection_do_not_hold_the_drain(
+    demo_repo: Path, tmp_path: Path
+) -> None:
+    """With 30 s of grace and nothing in flight, SIGTERM ends the daemon at once, though a
+    gRPC client that ignores GOAWAY keeps its connection open (one of its calls ended
+    without its message), and an HTTP client sent only part of a body (it gets 503)."""
+    import socket
+
+    from tests.raw_h2 import RawConnection
+
+    config = tmp_path / "tensord.toml"
+    config.write_text('[server]\ndrain_grace_seconds = 30\n[openai]\nlisten = "127.0.0.1:0"\n')
+    daemon = start_daemon(demo_repo, tmp_path / "tensord.log", "--config", str(config))
+    try:
+        wait_for_event(daemon.log_path, "openai.listening", daemon.process, 60)
+        (port,) = {
+            int(e["port"])
+            for e in log_events(daemon.log_path)
+            if e.get("event") == "openai.listening"
+        }
+        raw = RawConnection(daemon.target)
+        ended = raw.wait(raw.start("/tensord.v1.InferenceService/Predict", end_stream=True))
+        assert ended.status == grpc.StatusCode.INVALID_ARGUMENT.value[0], ended
+        http = socket.create_connection(("127.0.0.1", port), timeout=10)
+        http.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 100\r\n\r\n{"
+        )
+        time.sleep(0.3)  # the request is in, waiting for the rest of its body
+        start = time.monotonic()
+        daemon.process.send_signal(15)
+        answer = b""
+        while b"}}" not in answer and (part := http.recv(4096)):  # the JSON error body's end
+            answer += part
+        assert daemon.process.wait(30) == 0
+        took = time.monotonic() - start
+        assert took < 5, took
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"shutting down before this request's body arrived" in answer
+        http.close()
+        raw.sock.close()
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+
+
 def _slow_warm_up_model(path: Path, layers: int = 300, n: int = 1024) -> None:
     """A fixed [n, n] input through `layers` MatMuls: its warm-up run takes seconds."""
     import onnx

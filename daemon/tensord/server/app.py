@@ -57,6 +57,9 @@ _REPLY_LINGER_S = 0.2
 """After the last handler of a drain returns: time for its reply to leave before gRPC
 stops and closes the connections, plus the replies' bytes at _REPLY_BYTES_PER_S."""
 _REPLY_BYTES_PER_S = 32 * 1024 * 1024
+_CLOSE_GRACE_S = 0.2
+"""gRPC's grace once every handler of a drain has returned and its replies have left: a
+connection still open then (its client ignores GOAWAY) is closed, not waited for."""
 """A pace a busy host's loopback or a slow client keeps up with (replies of tens of MiB
 returned during the drain get a second or two more)."""
 EXIT_DEVICE_LOST = 75
@@ -374,7 +377,9 @@ class TensordServer:
             linger = _REPLY_LINGER_S + self._calls.drain_reply_bytes / _REPLY_BYTES_PER_S
             await asyncio.sleep(min(linger, left()))
         self._intake.stop()  # health calls still waiting for their message end too
-        await self._server.stop(left())
+        # Every handler has returned: what gRPC's own grace would still wait for is a
+        # connection whose client ignores GOAWAY (or reads nothing), never a call.
+        await self._server.stop(min(left(), _CLOSE_GRACE_S))
         await openai_stopped
         end_streams.cancel()
         # gRPC has stopped (every call answered, or cancelled as the grace ran out): a run

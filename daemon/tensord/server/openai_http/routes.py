@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from tensord.access import current_principal
 from tensord.dataplane import GENERATOR, DataPlane, GenerateCall, RequestOutput, text_bytes
-from tensord.errors import RateLimitedError, ResourceExhaustedError
+from tensord.errors import RateLimitedError, ResourceExhaustedError, UnavailableError
 from tensord.observability import RequestObserver
 from tensord.observability.tracing import HttpExchange
 from tensord.server.auth import AUTHORIZATION, Authenticator
@@ -89,6 +89,11 @@ class Call:
         """The response's HTTP status (a stream's stays 200 whatever ends it)."""
 
 
+_CLOSING = (
+    "the server is shutting down before this request's body arrived; retry on another instance"
+)
+
+
 class OpenAIRoutes:
     """The API's routes over one data plane, with the gRPC port's admission."""
 
@@ -107,6 +112,16 @@ class OpenAIRoutes:
         self.intake = intake
         self.stream_slots = stream_slots
         self.max_body_bytes = max_body_bytes
+        self._reading: set[asyncio.Task[Any]] = set()
+        """Requests whose body is still arriving."""
+        self._closed = False
+
+    def close_intake(self) -> None:
+        """The drain begins: requests whose body has not arrived end at once with 503 (a
+        client that never sends it must not hold the drain), and later ones too."""
+        self._closed = True
+        for task in list(self._reading):
+            task.cancel(_CLOSING)
 
     def app(self) -> Starlette:
         """The ASGI application."""
@@ -177,15 +192,28 @@ class OpenAIRoutes:
                 f"the request body takes {declared} bytes, more than the {limit} a request "
                 "may have ([openai] max_body_bytes)"
             )
+        task = asyncio.current_task()
+        assert task is not None
+        if self._closed:
+            raise UnavailableError(_CLOSING)
         parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise BodyTooLarge(
-                    f"the request body takes more than the {limit} bytes a request may have "
-                    "([openai] max_body_bytes)"
-                )
-            parts.append(part)
+        self._reading.add(task)
+        try:
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise BodyTooLarge(
+                        f"the request body takes more than the {limit} bytes a request may "
+                        "have ([openai] max_body_bytes)"
+                    )
+                parts.append(part)
+        except asyncio.CancelledError as exc:
+            if exc.args != (_CLOSING,):
+                raise
+            task.uncancel()
+            raise UnavailableError(_CLOSING) from None
+        finally:
+            self._reading.discard(task)
         try:
             return json.loads(b"".join(parts)), size
         # ValueError covers JSONDecodeError and an integer of more digits than Python

@@ -97,6 +97,7 @@ class OpenAIServer:
         """Stop listening; requests still running after `grace` seconds are cancelled."""
         if self._server is None or self._task is None:
             return
+        self.routes.close_intake()
         self._server.config.timeout_graceful_shutdown = grace
         self._server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
