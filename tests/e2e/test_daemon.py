@@ -190,6 +190,55 @@ def test_clients_that_hold_their_connection_do_not_hold_the_drain(
             daemon.process.kill()
 
 
+def test_a_restart_on_the_same_port_after_sigkill_under_load(
+    demo_repo: Path, tmp_path: Path
+) -> None:
+    """Killed outright while clients keep calling, a daemon started again on the same port
+    serves: once health says SERVING, a new client's first call succeeds; twice over."""
+    import threading
+
+    daemon = start_daemon(demo_repo, tmp_path / "first.log")
+    stop = threading.Event()
+    answered = [0]
+
+    def load() -> None:
+        with Client(daemon.target, timeout=5, retries=0) as client:
+            while not stop.is_set():
+                try:
+                    client.predict("mlp", {"input": np.zeros((1, 512), np.float32)})
+                    answered[0] += 1
+                except grpc.RpcError:
+                    time.sleep(0.02)  # the daemon is down between the kill and the restart
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    process = daemon.process
+    try:
+        for round_ in range(2):
+            deadline = time.monotonic() + 60
+            while answered[0] < 20 * (round_ + 1):  # under load
+                assert time.monotonic() < deadline, answered
+                time.sleep(0.05)
+            process.kill()
+            process.wait(10)
+            again = start_daemon(
+                demo_repo, tmp_path / f"again-{round_}.log", "--listen", daemon.target
+            )
+            process = again.process
+            assert again.target == daemon.target
+            with Client(daemon.target, timeout=10, retries=0) as client:
+                reply = client.predict("mlp", {"input": np.ones((1, 512), np.float32)})
+            assert reply["output"].shape == (1, 10)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
 def _slow_warm_up_model(path: Path, layers: int = 300, n: int = 1024) -> None:
     """A fixed [n, n] input through `layers` MatMuls: its warm-up run takes seconds."""
     import onnx

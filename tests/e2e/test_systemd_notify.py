@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,6 +112,61 @@ def test_ready_watchdog_reload_and_stopping(setup: Path, tmp_path: Path) -> None
     # Nothing after STOPPING but possibly a last keep-alive sent before it.
     last = listener.messages.index(stopping)
     assert all(m == {"WATCHDOG": "1"} for m in listener.messages[last + 1 :])
+
+
+def test_the_probe_directory_of_a_killed_daemon_goes_at_the_next_start(
+    setup: Path, tmp_path: Path
+) -> None:
+    """SIGKILL leaves the watchdog's probe directory behind; the next daemon started there
+    removes it (its own goes at its drain)."""
+    temp = Path(tempfile.mkdtemp(prefix="wd-", dir="/tmp"))  # tmp_path is too long for it
+    listener = NotifyListener()
+    log = tmp_path / "tensord.log"
+    first = serve(setup, listener, log, WATCHDOG_USEC="1000000", TMPDIR=str(temp))
+    try:
+        listener.wait_for("READY", timeout=60)
+        assert [p.name.split("-")[2] for p in temp.glob("tensord-watchdog-*")] == [str(first.pid)]
+        first.kill()
+        first.wait(10)
+        assert len(list(temp.glob("tensord-watchdog-*"))) == 1  # nothing could remove it
+        second = serve(setup, listener, log, WATCHDOG_USEC="1000000", TMPDIR=str(temp))
+        try:
+            listener.wait_for("READY", timeout=60)
+            assert [p.name.split("-")[2] for p in temp.glob("tensord-watchdog-*")] == [
+                str(second.pid)
+            ]
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(60) == 0
+            assert list(temp.glob("tensord-watchdog-*")) == []
+        finally:
+            if second.poll() is None:
+                second.kill()
+    finally:
+        if first.poll() is None:
+            first.kill()
+        listener.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_temporary_directory_too_long_for_a_socket_path_falls_back(
+    setup: Path, tmp_path: Path
+) -> None:
+    """A TMPDIR whose probe socket path would pass 107 bytes: the probe goes under /tmp."""
+    temp = tmp_path / ("t" * 80)
+    temp.mkdir()
+    listener = NotifyListener()
+    process = serve(
+        setup, listener, tmp_path / "tensord.log", WATCHDOG_USEC="1000000", TMPDIR=str(temp)
+    )
+    try:
+        listener.wait_for("READY", timeout=60)
+        assert [m for m in listener.drain(1.2) if m == {"WATCHDOG": "1"}]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        listener.close()
 
 
 def test_abstract_socket_and_no_watchdog(setup: Path, tmp_path: Path) -> None:

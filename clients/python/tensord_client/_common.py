@@ -102,6 +102,10 @@ def channel_options(
         # room for large batches too.
         ("grpc.per_rpc_retry_buffer_size", 64 * 1024 * 1024),
         ("grpc.retry_buffer_size", 256 * 1024 * 1024),
+        # Its own connections: gRPC shares them between channels of the same target and
+        # options, so a new client would inherit one waiting out its reconnect backoff (a
+        # server restarted on the same port refused its first call as down).
+        ("grpc.use_local_subchannel_pool", 1),
     ]
     config = service_config(retries, round_robin)
     if config:

@@ -9,8 +9,10 @@ them hangs, the keep-alives stop and systemd restarts the daemon (WatchdogSec=).
 The call goes over a private unix socket rather than the public port: the public port may
 listen on any address and may demand TLS client certificates or tokens, which the probe
 should not depend on. The socket lives in a fresh directory of mode 0700 (under
-$RUNTIME_DIRECTORY when systemd provides one), so only the daemon's own user can connect,
-and it exists only while a watchdog is configured. An answer with any status except
+$RUNTIME_DIRECTORY when systemd provides one, else the temporary directory), named after
+the daemon's pid, so only the daemon's own user can connect, and it exists only while a
+watchdog is configured. A daemon killed outright (SIGKILL) cannot remove it: the next one
+to start there removes the directories of daemons that are gone. An answer with any status except
 UNAVAILABLE or DEADLINE_EXCEEDED counts.
 
 The probe carries a per-process secret in its metadata (PROBE_KEY): authentication lets it
@@ -25,6 +27,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Sequence
@@ -58,11 +61,45 @@ def is_probe(metadata: Sequence[tuple[str, str | bytes]] | None) -> bool:
 _PROBE_TIMEOUT_CAP_S = 10.0
 
 
+_PREFIX = "tensord-watchdog-"
+_LONGEST_PARENT = 60
+"""Beyond it the socket's path (parent/tensord-watchdog-PID-XXXXXXXX/probe.sock) could pass
+the 107 bytes a unix socket's path may take: /tmp is used instead."""
+
+
 def _probe_directory() -> Path:
     runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or None
     if runtime is not None and not Path(runtime).is_dir():
         runtime = None
-    return Path(tempfile.mkdtemp(prefix="tensord-watchdog-", dir=runtime))
+    parent = Path(runtime or tempfile.gettempdir())
+    if len(str(parent)) > _LONGEST_PARENT:  # a unix socket's path holds 107 bytes at most
+        parent = Path("/tmp")
+    _remove_stale(parent)
+    return Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=parent))
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove this user's probe directories under `parent` whose daemon is gone."""
+    for path in parent.glob(f"{_PREFIX}*"):
+        pid = path.name.removeprefix(_PREFIX).split("-", 1)[0]
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        mine = info.st_uid == os.getuid() and stat.S_ISDIR(info.st_mode)
+        if mine and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("watchdog.stale_probe_removed", path=str(path))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process has that pid now
+        return True
+    return True
 
 
 class Watchdog:
