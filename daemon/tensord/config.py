@@ -122,7 +122,9 @@ class ServerSettings(Settings):
     validating, authenticating and encoding calls, while one engine process owns the models,
     batching and the device; for hosts where one core's Python caps throughput (see
     docs/operations.md). `auto`: one per two cores past the first four, none below 8
-    cores. Changing it needs a restart."""
+    cores. x86-64 only (the rings between the processes rely on its memory ordering):
+    elsewhere `auto` means 0 and a number above 0 is refused. Changing it needs a
+    restart."""
     ready_when: ReadyWhen = "any_model"
     """When health (`grpc.health.v1` and InferenceService/Health) says SERVING once the models
     have loaded. `any_model`: while at least one model has a READY version and so does every

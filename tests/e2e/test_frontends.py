@@ -361,6 +361,26 @@ def test_frontends_auto_is_none_below_eight_cores() -> None:
     assert json.loads(config.model_dump_json())["server"]["frontends"] == "auto"
 
 
+def test_frontends_are_refused_off_x86_64() -> None:
+    """The rings rely on x86-64's memory ordering: elsewhere `auto` means none and a number
+    is refused with the reason; x86-64 by any of its names takes it."""
+    from tensord.config import load_config
+    from tensord.procs.supervisor import frontend_count
+
+    two = load_config(None, env={}, overrides={"server.frontends": 2})
+    auto = load_config(None, env={}, overrides={"server.frontends": "auto"})
+    with pytest.raises(RuntimeError) as refused:
+        frontend_count(two, machine="aarch64")
+    assert str(refused.value).startswith(
+        "[server] frontends = 2 needs an x86-64 host, and this one is aarch64"
+    )
+    assert "set [server] frontends = 0" in str(refused.value)
+    assert frontend_count(auto, cores=64, machine="aarch64") == 0
+    none = load_config(None, env={}, overrides={"server.frontends": 0})
+    assert frontend_count(none, machine="arm64") == 0
+    assert frontend_count(two, machine="x86_64") == frontend_count(two, machine="AMD64") == 2
+
+
 def test_metrics_add_up_every_process(demo_repo: Path, tmp_path: Path) -> None:
     import urllib.request
 

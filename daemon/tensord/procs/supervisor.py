@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -51,10 +52,28 @@ _KILL_AFTER_S = 10.0
 """How long a child may take past its drain before it is killed."""
 
 
-def frontend_count(config: TensordConfig, cores: int | None = None) -> int:
+RING_MACHINES = frozenset({"x86_64", "amd64", "AMD64"})
+"""Where the rings between frontends and the engine are safe (ring.py: their ordering rests
+on x86-64 keeping a store behind the loads before it; Python has no fence elsewhere)."""
+
+
+def frontend_count(
+    config: TensordConfig, cores: int | None = None, machine: str | None = None
+) -> int:
     """`[server] frontends` as a number: `auto` is none below 8 cores, else one per two
-    cores past the first four (the engine, its lanes and the system keep those)."""
+    cores past the first four (the engine, its lanes and the system keep those), and none
+    off x86-64, where a number above 0 is refused (RuntimeError) with the reason."""
     value = config.server.frontends
+    machine = machine or platform.machine()
+    if machine not in RING_MACHINES:
+        if value != "auto" and int(value) > 0:
+            raise RuntimeError(
+                f"[server] frontends = {value} needs an x86-64 host, and this one is "
+                f"{machine}: the shared-memory rings between the frontends and the engine "
+                "rely on x86-64's memory ordering, which Python cannot enforce elsewhere; "
+                "set [server] frontends = 0 (one process serves everything)"
+            )
+        return 0
     if value != "auto":
         return int(value)
     cores = cores or len(os.sched_getaffinity(0))
