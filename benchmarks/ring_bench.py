@@ -26,7 +26,7 @@ _SIZES = (64, 64 * 1024)
 
 def pong(fds: list[int], spin: bool) -> None:
     """The echoing side: every payload goes back as it came."""
-    ping, back = Ring.attach(fds[0], fds[1]), Ring.attach(fds[2], fds[3])
+    ping, back = Ring.attach(*fds[:3]), Ring.attach(*fds[3:6])
     while True:
         if not spin:
             ping.wait()
@@ -77,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="per payload size")
     parser.add_argument("--spin", action="store_true", help="no poll(2): read in a loop")
-    parser.add_argument("--pong", nargs=4, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--pong", nargs=6, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pong:
         pong(args.pong, args.spin)

@@ -92,3 +92,33 @@ def _report() -> Any:
     from tensord.procs.messages import ErrorReport
 
     return ErrorReport("UnavailableError", "test")
+
+
+async def test_a_backlog_is_written_as_the_other_end_frees_space() -> None:
+    """Four times what the ring holds, sent at once: the excess waits in the backlog and is
+    written, in order, each time the reader's progress rings the space doorbell."""
+    from tensord.procs.link import Link
+
+    forth, back = Ring.create(1024), Ring.create(1024)
+    got: list[Any] = []
+    done = asyncio.Event()
+    total = 40
+
+    def received(message: Any) -> None:
+        got.append(message)
+        if len(got) == total:
+            done.set()
+
+    sender = Link(forth, back, lambda message: None)
+    receiver = Link(back, forth, received)
+    sender.open()
+    payload = "x" * 90  # ~100 bytes a record: ten fit the ring
+    for i in range(total):
+        sender.send(("item", i, payload))
+    assert sender.backlog > 0
+    receiver.open()  # reads what is there, which rings the space doorbell, and so on
+    await asyncio.wait_for(done.wait(), 5)
+    assert [message[1] for message in got] == list(range(total))
+    assert sender.backlog == 0
+    sender.close()
+    receiver.close()

@@ -126,26 +126,27 @@ def _memfd_with(words: list[int], size: int) -> int:
 @pytest.mark.parametrize(
     ("words", "size", "message"),
     [
-        ([0x1234, 1, 1024], 192 + 1024, "not a tensord ring \\(magic 0x0000000000001234"),
-        ([MAGIC, 2, 1024], 192 + 1024, "tensord ring version 2, this process reads version 1"),
-        ([MAGIC, 1, 1024], 192 + 2048, "tensord ring of capacity 1024 in 2240 bytes"),
+        ([0x1234, 2, 1024], 256 + 1024, "not a tensord ring \\(magic 0x0000000000001234"),
+        ([MAGIC, 1, 1024], 256 + 1024, "tensord ring version 1, this process reads version 2"),
+        ([MAGIC, 2, 1024], 256 + 2048, "tensord ring of capacity 1024 in 2304 bytes"),
         ([MAGIC, 1, 1024], 100, "not a tensord ring \\(100 bytes"),
     ],
 )
 def test_attach_refuses_what_is_not_a_ring(words: list[int], size: int, message: str) -> None:
     memory_fd = _memfd_with(words, size)
     event_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    space_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     try:
         with pytest.raises(ValueError, match=message):
-            Ring.attach(memory_fd, event_fd)
+            Ring.attach(memory_fd, event_fd, space_fd)
     finally:
         os.close(memory_fd)
         os.close(event_fd)
+        os.close(space_fd)
 
 
 def test_attach_sees_the_same_ring(ring: Ring) -> None:
-    memory_fd, event_fd = ring.fds()
-    with Ring.attach(os.dup(memory_fd), os.dup(event_fd)) as other:
+    with Ring.attach(*(os.dup(fd) for fd in ring.fds())) as other:
         assert other.capacity == 1024
         assert ring.try_write([b"there"])
         assert other.wait(0)
@@ -154,12 +155,38 @@ def test_attach_sees_the_same_ring(ring: Ring) -> None:
         assert not ring.wait(0.001)
 
 
-def test_close_closes_both_fds_once() -> None:
+def test_a_full_ring_rings_the_space_doorbell_once_read(ring: Ring) -> None:
+    """A producer that found the ring full asks for space; the consumer's read rings the
+    space doorbell once (and not for a producer that did not ask)."""
+    space = select.poll()
+    space.register(ring.space_fileno(), select.POLLIN)
+    assert ring.try_write([bytes(504)]) and ring.try_write([bytes(504)])
+    assert not ring.try_write([bytes(504)])  # full
+    ring.want_space()
+    assert not ring.try_write([bytes(504)])  # still full: wait for the doorbell
+    assert not space.poll(0)
+    assert ring.read_available(1) == [bytes(504)]
+    assert space.poll(0)  # rung
+    ring.want_space()  # clears it before trying again
+    assert not space.poll(0)
+    assert ring.try_write([bytes(504)])
+    assert len(ring.read_available()) == 2
+    assert space.poll(0)  # the flag was still up: a spare ring, harmless
+    ring.want_space()
+    assert ring.try_write([b"x"])
+    ring.read_available()
+    os.eventfd_read(ring.space_fileno())
+    assert ring.try_write([b"y"])  # nobody asked since: no ring
+    ring.read_available()
+    assert not space.poll(0)
+
+
+def test_close_closes_its_fds_once() -> None:
     ring = Ring.create(1024)
-    memory_fd, event_fd = ring.fds()
+    fds = ring.fds()
     ring.close()
     ring.close()
-    for fd in (memory_fd, event_fd):
+    for fd in fds:
         with pytest.raises(OSError):
             os.fstat(fd)
 
@@ -168,9 +195,9 @@ _ECHO = """
 import sys
 import time
 from tensord.procs.ring import Ring
-ping = Ring.attach(int(sys.argv[1]), int(sys.argv[2]))
-pong = Ring.attach(int(sys.argv[3]), int(sys.argv[4]))
-left = int(sys.argv[5])
+ping = Ring.attach(*map(int, sys.argv[1:4]))
+pong = Ring.attach(*map(int, sys.argv[4:7]))
+left = int(sys.argv[7])
 while left:
     if not ping.wait(10):
         sys.exit("nothing came for 10 s")

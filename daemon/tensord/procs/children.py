@@ -97,7 +97,7 @@ async def run_engine(
     def on_message(message: dict[str, Any], fds: list[int]) -> None:
         op = message.get("op")
         if op == "link":
-            requests, replies = Ring.attach(fds[0], fds[1]), Ring.attach(fds[2], fds[3])
+            requests, replies = Ring.attach(*fds[:3]), Ring.attach(*fds[3:6])
             host.add_frontend(int(message["index"]), replies, requests)
         elif op == "unlink":
             host.remove_frontend(int(message["index"]))
@@ -172,7 +172,7 @@ async def run_frontend(
     def on_message(message: dict[str, Any], fds: list[int]) -> None:
         op = message.get("op")
         if op == "link":
-            remote.attach(Ring.attach(fds[0], fds[1]), Ring.attach(fds[2], fds[3]))
+            remote.attach(Ring.attach(*fds[:3]), Ring.attach(*fds[3:6]))
         elif op == "engine_down":
             remote.detach()
         elif op == "reload":

@@ -4,9 +4,9 @@ Received messages are handed to a callback as the doorbell rings, a bounded batc
 wake-up so that one busy link cannot hold the loop. Messages posted in one pass of the
 event loop leave as one record (`post`): under load one doorbell, one wake-up of the other
 process, serves many calls. A message the outgoing ring has no room
-for waits in a backlog, written in order as the other end frees space (`send`), or is
-refused at once (`try_send`: a frontend answers a new request RESOURCE_EXHAUSTED rather than
-queue without bound).
+for waits in a backlog, written in order when the other end rings the ring's space
+doorbell (`send`), or is refused at once (`try_send`: a frontend answers a new request
+RESOURCE_EXHAUSTED rather than queue without bound).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ log = structlog.get_logger("tensord.procs")
 
 _BATCH = 256
 """Messages taken per wake-up before the loop runs other work."""
-_RETRY_S = 0.0002
-"""How soon a backlog tries the ring again (the other end gives no signal for space)."""
 
 
 class LinkClosed(ConnectionError):
@@ -42,7 +40,8 @@ class Link:
         self.on_message = on_message
         self._backlog: collections.deque[list[bytes | memoryview]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._retry: asyncio.TimerHandle | None = None
+        self._waiting = False
+        """Whether the loop watches the outgoing ring's space doorbell."""
         self._pending: list[tuple[Any, int]] = []
         self.pending_bytes = 0
         """Tensor bytes of the messages posted and not yet written."""
@@ -125,24 +124,46 @@ class Link:
         return len(self._backlog)
 
     def _schedule(self) -> None:
-        if self._retry is None and self._loop is not None and not self.closed:
-            self._retry = self._loop.call_later(_RETRY_S, self._flush)
+        """Wait for the space doorbell (asked for first, then the backlog tried again)."""
+        if self._loop is None or self.closed:
+            return
+        self.outgoing.want_space()
+        if self._write_backlog():
+            return
+        if not self._waiting:
+            self._loop.add_reader(self.outgoing.space_fileno(), self._flush)
+            self._waiting = True
 
     def _flush(self) -> None:
-        self._retry = None
-        while self._backlog and not self.closed:
-            if not self.outgoing.try_write(self._backlog[0]):
-                self._schedule()
+        """The space doorbell rang: write what the backlog holds, then wait again or stop
+        watching."""
+        if self.closed:
+            return
+        if not self._write_backlog():
+            self.outgoing.want_space()  # clears the ring that woke us, asks for the next
+            if not self._write_backlog():
                 return
+        self._stop_waiting()
+
+    def _write_backlog(self) -> bool:
+        """Write the backlog in order while it fits; True once it is empty."""
+        while self._backlog:
+            if not self.outgoing.try_write(self._backlog[0]):
+                return False
             self._backlog.popleft()
+        return True
+
+    def _stop_waiting(self) -> None:
+        if self._waiting and self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self.outgoing.space_fileno())
+        self._waiting = False
 
     def close(self) -> None:
         """Stop reading, drop the backlog, close both rings (again: nothing)."""
         if self.closed:
             return
         self.closed = True
-        if self._retry is not None:
-            self._retry.cancel()
+        self._stop_waiting()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         self._pending.clear()

@@ -21,13 +21,22 @@ before its write(2) is seen by the consumer after its read(2): that way needs no
 barrier. The other way, the producer reads `head` for the free space (an old value only
 makes the ring look fuller); that the consumer has copied a record out before its new
 `head` is seen rests on the CPU keeping a store behind the loads before it, which x86-64
-does. arm64 allows otherwise in principle, and Python has no fence to order them.
+does. arm64 allows otherwise in principle, and Python has no fence to order them (the
+supervisor runs frontends on x86-64 only).
+
+A second eventfd, the space doorbell, wakes a producer that found the ring full: it sets
+the `waiting` word (a line of its own), then clears the space doorbell and tries again;
+a consumer that moved `head` on and finds `waiting` set clears it and adds 1 to the space
+doorbell. Each side puts a system call on an eventfd (whose lock is a full barrier)
+between its store and its load of the other's word, so at least one of them sees the
+other's: either the producer's retry finds the space, or the consumer rings.
 
 Linux only (memfd_create, eventfd).
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import select
@@ -39,17 +48,18 @@ import numpy.typing as npt
 
 MAGIC = int.from_bytes(b"tsdring\0", "little")
 """The header's first word: the memory given to `Ring.attach` is a tensord ring."""
-VERSION = 1
+VERSION = 2
 """The layout's version; a ring of another version is refused by `Ring.attach`."""
 MIN_CAPACITY = 64
 MAX_CAPACITY = 1 << 32
 """Capacities are powers of two in [MIN_CAPACITY, MAX_CAPACITY]: a payload length fits
 the record header's uint32."""
 
-_HEADER_BYTES = 192
-"""Magic, version and capacity on the first 64-byte line, `head` and `tail` on one each,
-so that the producer's and the consumer's stores do not share a cache line."""
+_HEADER_BYTES = 256
+"""Magic, version and capacity on the first 64-byte line, `head`, `tail` and `waiting` on
+one each, so that the producer's and the consumer's stores do not share a cache line."""
 _MAGIC_WORD, _VERSION_WORD, _CAPACITY_WORD, _HEAD_WORD, _TAIL_WORD = 0, 1, 2, 8, 16
+_WAITING_WORD = 24
 _RECORD_HEADER = struct.Struct("<II")
 _WRAP = 0xFFFFFFFF
 _POLLIN = select.POLLIN
@@ -77,12 +87,14 @@ class Ring:
         "_map",
         "_memory_fd",
         "_poll",
+        "_space_fd",
         "_words",
     )
 
-    def __init__(self, memory_fd: int, event_fd: int, memory: mmap.mmap) -> None:
+    def __init__(self, memory_fd: int, event_fd: int, space_fd: int, memory: mmap.mmap) -> None:
         self._memory_fd = memory_fd
         self._event_fd = event_fd
+        self._space_fd = space_fd
         self._map = memory
         self._words: npt.NDArray[np.uint64] = np.frombuffer(
             memory, dtype=np.uint64, count=_HEADER_BYTES // 8
@@ -101,30 +113,29 @@ class Ring:
                 f"ring capacity {capacity}: must be a power of two from {MIN_CAPACITY} "
                 f"to {MAX_CAPACITY} bytes"
             )
-        memory_fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        fds: list[int] = []
         try:
-            os.ftruncate(memory_fd, _HEADER_BYTES + capacity)
-            event_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            fds.append(os.memfd_create(name, os.MFD_CLOEXEC))
+            os.ftruncate(fds[0], _HEADER_BYTES + capacity)
+            fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+            fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+            memory = mmap.mmap(fds[0], _HEADER_BYTES + capacity)
         except BaseException:
-            os.close(memory_fd)
+            for fd in fds:
+                os.close(fd)
             raise
-        try:
-            memory = mmap.mmap(memory_fd, _HEADER_BYTES + capacity)
-        except BaseException:
-            os.close(memory_fd)
-            os.close(event_fd)
-            raise
+        memory_fd, event_fd, space_fd = fds
         # The file starts zeroed: head and tail are 0. The magic goes last.
         words = np.frombuffer(memory, dtype=np.uint64, count=_HEADER_BYTES // 8)
         words[_CAPACITY_WORD] = capacity
         words[_VERSION_WORD] = VERSION
         words[_MAGIC_WORD] = MAGIC
         del words
-        return cls(memory_fd, event_fd, memory)
+        return cls(memory_fd, event_fd, space_fd, memory)
 
     @classmethod
-    def attach(cls, memory_fd: int, event_fd: int) -> Ring:
-        """The ring whose memory and doorbell are these descriptors (from `fds()`,
+    def attach(cls, memory_fd: int, event_fd: int, space_fd: int) -> Ring:
+        """The ring whose memory and doorbells are these descriptors (from `fds()`,
         received by this process). The ring owns them from here on, closing them in
         `close()`; on an error they are left open. ValueError if the memory is not a ring
         of this version, with a message saying what was found."""
@@ -154,7 +165,7 @@ class Ring:
         except BaseException:
             memory.close()
             raise
-        return cls(memory_fd, event_fd, memory)
+        return cls(memory_fd, event_fd, space_fd, memory)
 
     @property
     def capacity(self) -> int:
@@ -167,9 +178,10 @@ class Ring:
         fits once the consumer has caught up, wherever the ring's offset is then."""
         return self._capacity // 2 - 8
 
-    def fds(self) -> tuple[int, int]:
-        """(memory fd, eventfd): what `attach` takes in another process."""
-        return self._memory_fd, self._event_fd
+    def fds(self) -> tuple[int, int, int]:
+        """(memory fd, records' eventfd, space eventfd): what `attach` takes in another
+        process."""
+        return self._memory_fd, self._event_fd, self._space_fd
 
     def fileno(self) -> int:
         """The doorbell: readable while records are announced and not yet read (for
@@ -191,9 +203,9 @@ class Ring:
 
     def try_write(self, parts: Sequence[bytes | bytearray | memoryview]) -> bool:
         """Append one record whose payload is `parts` one after the other, and ring the
-        doorbell. False, with nothing written, when the ring has no room for it now:
-        nothing tells the producer when the consumer frees space, so it tries again later
-        (after a short sleep, say). ValueError for a payload longer than `max_payload`,
+        doorbell. False, with nothing written, when the ring has no room for it now: call
+        `want_space`, try again, and if it is still full wait for `space_fileno()` to be
+        readable. ValueError for a payload longer than `max_payload`,
         which would never fit."""
         views: list[memoryview] = []
         length = 0
@@ -233,6 +245,19 @@ class Ring:
         os.eventfd_write(self._event_fd, 1)
         return True
 
+    def space_fileno(self) -> int:
+        """The space doorbell: readable once the consumer has freed space after
+        `want_space` (for `loop.add_reader`)."""
+        return self._space_fd
+
+    def want_space(self) -> None:
+        """Ask the consumer to ring the space doorbell when it next frees space; then try
+        the write again before waiting for `space_fileno()` (the module says why that
+        order cannot miss a wake-up)."""
+        self._words[_WAITING_WORD] = 1
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._space_fd)  # a space ring from before (and the barrier)
+
     # The consumer's end.
 
     def read_available(self, max_records: int | None = None) -> list[bytes]:
@@ -269,6 +294,11 @@ class Ring:
             payloads.append(data[offset + 8 : offset + 8 + length].tobytes())
             head += _record_bytes(length)
         words[_HEAD_WORD] = head
+        if payloads:
+            os.eventfd_write(self._space_fd, 0)  # wakes nobody: the barrier before the load
+            if words.item(_WAITING_WORD):
+                words[_WAITING_WORD] = 0
+                os.eventfd_write(self._space_fd, 1)
         return payloads
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -281,7 +311,7 @@ class Ring:
         return bool(self._poll.poll(milliseconds))
 
     def close(self) -> None:
-        """Unmap the memory and close both descriptors; again is a no-op. The memory
+        """Unmap the memory and close its three descriptors; again is a no-op. The memory
         lives on while the other process keeps its mapping."""
         if self._closed:
             return
@@ -291,6 +321,7 @@ class Ring:
         self._map.close()
         os.close(self._memory_fd)
         os.close(self._event_fd)
+        os.close(self._space_fd)
 
     def __enter__(self) -> Ring:
         return self
