@@ -32,9 +32,9 @@ from tensord import heap
 from tensord.config import load_config
 from tensord.dataplane import DataPlane, LocalEngine, PredictCall
 from tensord.eventloop import run
+from tensord.procs import messages
 from tensord.procs.engine import EngineHost
 from tensord.procs.link import Link
-from tensord.procs.messages import pack_call, unpack_result
 from tensord.procs.ring import Ring
 
 INPUT = np.zeros((1, 16), np.float32)
@@ -56,9 +56,10 @@ async def through_rings(engine: LocalEngine, model: str, n: int, in_flight: int)
     host.add_frontend(0, Ring.attach(*_dup(replies)), Ring.attach(*_dup(requests)))
     waiting: dict[int, asyncio.Future[Any]] = {}
 
-    def received(message: Any) -> None:
-        for each in message[1] if message[0] == "batch" else [message]:
-            future = waiting.pop(each[1], None) if each[0] in ("result", "error") else None
+    def received(message: messages.Message) -> None:
+        for each in message.messages if isinstance(message, messages.Batch) else [message]:
+            answer = isinstance(each, messages.Result | messages.Error)
+            future = waiting.pop(each.id, None) if answer else None  # type: ignore[union-attr]
             if future is not None:
                 future.set_result(each)
 
@@ -73,10 +74,10 @@ async def through_rings(engine: LocalEngine, model: str, n: int, in_flight: int)
             waiting[call_id] = future
             # As a frontend sends it: checked against version 1's signature already.
             call = PredictCall(model, 1, [("input", INPUT)], ["output"], None)
-            frontend.post(("predict", call_id, pack_call(call)))
+            frontend.post(messages.predict(call_id, call))
             reply = await future
-            assert reply[0] == "result", reply
-            unpack_result(reply[2])
+            assert isinstance(reply, messages.Result), reply
+            messages.result_of(reply)
 
     start = time.process_time()
     await asyncio.gather(*(worker(n // in_flight) for _ in range(in_flight)))
@@ -86,11 +87,11 @@ async def through_rings(engine: LocalEngine, model: str, n: int, in_flight: int)
     return cost
 
 
-def _dup(ring: Ring) -> tuple[int, int]:
+def _dup(ring: Ring) -> tuple[int, int, int]:
     import os
 
-    memory, event = ring.fds()
-    return os.dup(memory), os.dup(event)
+    memory, event, space = ring.fds()
+    return os.dup(memory), os.dup(event), os.dup(space)
 
 
 async def main_async(args: argparse.Namespace) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from tensord.dataplane import ModelTable, PredictCall, PredictResult, Readiness
+from tensord.procs import messages
 from tensord.procs.engine import EngineHost
-from tensord.procs.messages import pack_call
 from tensord.procs.ring import Ring
 
 
@@ -40,7 +40,7 @@ async def test_an_abort_read_with_its_call_leaves_no_task_behind() -> None:
     frontend = host.frontends[0]
     call = PredictCall("m", 0, [("x", np.zeros(4, np.float32))], [], None)
     # The call and its abort in one read of the ring: the task is cancelled before it runs.
-    frontend._received(("batch", [("predict", 7, pack_call(call)), ("abort", 7)]))
+    frontend._received(messages.Batch([messages.predict(7, call), messages.Abort(7)]))
     for _ in range(5):
         await asyncio.sleep(0)
     assert plane.started == 0
@@ -77,8 +77,9 @@ async def test_string_tensors_are_counted_at_their_size_in_the_ring() -> None:
         received += batch
         for record in batch:
             message = decode(record)
-            for each in message[1] if message[0] == "batch" else [message]:
-                remote._received(("error", each[1], _report()))
+            for each in message.messages if isinstance(message, messages.Batch) else [message]:
+                assert isinstance(each, messages.Predict)
+                remote._received(messages.Error(each.id, _report()))
     assert failures == []
     await asyncio.wait(calls, timeout=1)
     assert failures == []
@@ -112,13 +113,13 @@ async def test_a_backlog_is_written_as_the_other_end_frees_space() -> None:
     sender = Link(forth, back, lambda message: None)
     receiver = Link(back, forth, received)
     sender.open()
-    payload = "x" * 90  # ~100 bytes a record: ten fit the ring
+    payload = b"x" * 90  # ~100 bytes a record: ten fit the ring
     for i in range(total):
-        sender.send(("item", i, payload))
+        sender.send(messages.Query(i, "info", payload))
     assert sender.backlog > 0
     receiver.open()  # reads what is there, which rings the space doorbell, and so on
     await asyncio.wait_for(done.wait(), 5)
-    assert [message[1] for message in got] == list(range(total))
+    assert [message.id for message in got] == list(range(total))
     assert sender.backlog == 0
     sender.close()
     receiver.close()

@@ -18,18 +18,12 @@ from typing import Any
 
 import structlog
 
-from tensord.dataplane import LocalEngine, PredictCall
-from tensord.errors import ResourceExhaustedError, TensordError
+from tensord.dataplane import EngineCoreRequest, LocalEngine, PredictCall
+from tensord.errors import ResourceExhaustedError
 from tensord.generate.core.outputs import EngineCoreOutput
+from tensord.procs import messages
 from tensord.procs.link import Link
-from tensord.procs.messages import (
-    ErrorReport,
-    pack_outputs,
-    pack_result,
-    unpack_call,
-    unpack_request,
-    wire_bytes,
-)
+from tensord.procs.messages import ErrorReport, wire_bytes
 from tensord.procs.ring import Ring
 from tensord.server.context import StreamSlots
 
@@ -71,25 +65,27 @@ class FrontendLink:
             self.host.remove_frontend(self.index)
             self.host.on_dropped(self.index)
 
-    def _received(self, message: Any) -> None:
-        kind = message[0]
-        if kind == "batch":
-            for each in message[1]:
-                self._received(each)
-        elif kind == "generate":
-            self._generate(message[1], message[2])
-        elif kind == "abort":
-            self._abort(message[1])
-        elif kind == "stop":
-            found = [r for c in message[1] if (r := self.generations.get(c)) is not None]
-            self.host.engine.stop_generations(found)
-        elif kind == "predict":
-            call = unpack_call(message[2])
-            self._start(message[1], self._predict(message[1], call))
-        elif kind == "query":
-            self._start(message[1], self._query(message[1], message[2], message[3]))
-        else:
-            log.error("engine.unknown_message", frontend=self.index, kind=str(kind)[:40])
+    def _received(self, message: messages.Message) -> None:
+        match message:
+            case messages.Batch(each):
+                for one in each:
+                    self._received(one)
+            case messages.Generate(call_id, request):
+                self._generate(call_id, request)
+            case messages.Abort(call_id):
+                self._abort(call_id)
+            case messages.Stop(ids):
+                found = [r for c in ids if (r := self.generations.get(c)) is not None]
+                self.host.engine.stop_generations(found)
+            case messages.Predict():
+                call_id = message.id
+                self._start(call_id, self._predict(call_id, messages.call_of(message)))
+            case messages.Query(call_id, method, args):
+                arguments = messages.unpickled(args)
+                self._start(call_id, self._query(call_id, method, arguments))
+            case _:
+                log.error("engine.unknown_message", frontend=self.index,
+                          kind=type(message).__name__)  # fmt: skip
 
     def _abort(self, call_id: int) -> None:
         task = self.tasks.get(call_id)
@@ -108,7 +104,7 @@ class FrontendLink:
             except Exception as exc:
                 if not hasattr(exc, "code"):  # not a status error: the log has its cause
                     log.exception("engine.call_failed", frontend=self.index)
-                self.post(("error", call_id, ErrorReport.of(exc)))
+                self.post(messages.Error(call_id, ErrorReport.of(exc)))
 
         def done(_task: asyncio.Task[None]) -> None:
             # Also for a task cancelled before its first step (its abort read in the same
@@ -129,9 +125,9 @@ class FrontendLink:
                 f"back to the frontend holds ({self.link.outgoing.max_payload} bytes: twice "
                 "[server] max_send_message_bytes)"
             )
-        self.post(("result", call_id, pack_result(result)), size)
+        self.post(messages.result(call_id, result), size)
 
-    def _generate(self, call_id: int, packed: tuple[Any, ...]) -> None:
+    def _generate(self, call_id: int, request: EngineCoreRequest) -> None:
         """Start a generation; a refusal (queue full, no stream slot) answers at once."""
         slots = self.host.stream_slots
         request_id = ""
@@ -146,7 +142,7 @@ class FrontendLink:
             if slots is not None:
                 slots.take()
             try:
-                request_id = self.host.engine.add_generation(unpack_request(packed), self, ended)
+                request_id = self.host.engine.add_generation(request, self, ended)
             except BaseException:
                 if slots is not None:
                     slots.give()
@@ -154,7 +150,7 @@ class FrontendLink:
         except Exception as exc:
             if not hasattr(exc, "code"):
                 log.exception("engine.call_failed", frontend=self.index)
-            self.post(("error", call_id, ErrorReport.of(exc)))
+            self.post(messages.Error(call_id, ErrorReport.of(exc)))
             return
         self.generations[call_id] = request_id
         self.call_ids[request_id] = call_id
@@ -163,19 +159,20 @@ class FrontendLink:
         if method not in QUERIES:
             raise ValueError(f"no engine query {method!r}")
         function: Callable[..., Awaitable[Any]] = getattr(self.host.engine, method)
-        self.post(("ok", call_id, await function(*args)))
+        self.post(messages.ok(call_id, await function(*args)))
 
     # -- OutputSink: the outputs of this frontend's generations --------------------------
 
     def outputs(self, outputs: list[EngineCoreOutput]) -> None:
-        self.post(("tokens", pack_outputs(outputs, self.call_ids)))
+        self.post(messages.tokens(outputs, self.call_ids))
 
-    def failed(self, request_ids: Sequence[str], error: TensordError) -> None:
+    def failed(self, request_ids: Sequence[str], error: Exception) -> None:
         ids = [self.call_ids[r] for r in request_ids if r in self.call_ids]
-        self.post(("ended", ids, ErrorReport.of(error)))
+        self.post(messages.Ended(ids, ErrorReport.of(error)))
 
     def expired(self, request_ids: Sequence[str]) -> None:
-        self.post(("ended", [self.call_ids[r] for r in request_ids if r in self.call_ids], None))
+        ids = [self.call_ids[r] for r in request_ids if r in self.call_ids]
+        self.post(messages.Ended(ids, None))
 
     def close(self) -> None:
         """The frontend is gone: cancel what it had running (streams free their KV)."""
@@ -209,7 +206,7 @@ class EngineHost:
         frontend = FrontendLink(index, self, outgoing, incoming)
         self.frontends[index] = frontend
         frontend.link.open()
-        frontend.post(("table", self.engine.table))
+        frontend.post(messages.table(self.engine.table))
 
     def remove_frontend(self, index: int) -> None:
         frontend = self.frontends.pop(index, None)
@@ -227,9 +224,9 @@ class EngineHost:
 
     def _publish(self) -> None:
         self._publish_handle = None
-        table = self.engine.table
+        table = messages.table(self.engine.table)  # pickled once for every frontend
         for frontend in self.frontends.values():
-            frontend.post(("table", table))
+            frontend.post(table)
 
     def running(self) -> int:
         """Calls in progress across frontends."""

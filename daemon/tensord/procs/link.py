@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable
-from typing import Any
 
+import msgspec
 import structlog
 
-from tensord.procs.messages import decode, encode
+from tensord.procs.messages import Batch, Message, Single, decode, encode
 from tensord.procs.ring import Ring
 
 log = structlog.get_logger("tensord.procs")
@@ -34,7 +34,9 @@ class LinkClosed(ConnectionError):
 class Link:
     """Messages over `outgoing` and from `incoming` (both owned: `close` closes them)."""
 
-    def __init__(self, outgoing: Ring, incoming: Ring, on_message: Callable[[Any], None]) -> None:
+    def __init__(
+        self, outgoing: Ring, incoming: Ring, on_message: Callable[[Message], None]
+    ) -> None:
         self.outgoing = outgoing
         self.incoming = incoming
         self.on_message = on_message
@@ -42,7 +44,7 @@ class Link:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting = False
         """Whether the loop watches the outgoing ring's space doorbell."""
-        self._pending: list[tuple[Any, int]] = []
+        self._pending: list[tuple[Single, int]] = []
         self.pending_bytes = 0
         """Tensor bytes of the messages posted and not yet written."""
         self._flush_handle: asyncio.Handle | None = None
@@ -58,11 +60,16 @@ class Link:
         if self.closed:
             return
         for record in self.incoming.read_available(_BATCH):
-            self.on_message(decode(record))
+            try:
+                message = decode(record)
+            except msgspec.DecodeError as exc:  # a defect, not load: say so, go on
+                log.error("link.bad_record", error=str(exc), size=len(record))
+                continue
+            self.on_message(message)
             if self.closed:
                 return
 
-    def try_send(self, message: Any) -> bool:
+    def try_send(self, message: Message) -> bool:
         """Write `message` now; False when the ring is full (or a backlog waits). A
         message too large for the ring raises ValueError."""
         if self.closed:
@@ -71,7 +78,7 @@ class Link:
             return False
         return self.outgoing.try_write(encode(message))
 
-    def send(self, message: Any) -> None:
+    def send(self, message: Message) -> None:
         """Write `message`, after any backlog, as soon as the ring has room."""
         if self.closed:
             raise LinkClosed("the link to the other process is closed")
@@ -80,7 +87,7 @@ class Link:
             self._backlog.append(parts)
             self._schedule()
 
-    def post(self, message: Any, size: int = 0) -> None:
+    def post(self, message: Single, size: int = 0) -> None:
         """Send `message` with the others posted in this pass of the event loop, as one
         record (one doorbell for all); `size` is its tensors' bytes, for `pending_bytes`."""
         if self.closed:
@@ -97,7 +104,7 @@ class Link:
         pending, self._pending = self._pending, []
         self.pending_bytes = 0
         limit = self.outgoing.max_payload // 2
-        group: list[Any] = []
+        group: list[Single] = []
         size = 0
         for message, nbytes in pending:
             if group and size + nbytes > limit:
@@ -107,14 +114,14 @@ class Link:
             size += nbytes
         self._send_group(group)
 
-    def _send_group(self, group: list[Any]) -> None:
+    def _send_group(self, group: list[Single]) -> None:
         if not group or self.closed:
             return
         try:
-            self.send(group[0] if len(group) == 1 else ("batch", group))
+            self.send(group[0] if len(group) == 1 else Batch(group))
         except ValueError:  # larger than a record may be: one at a time
             if len(group) == 1:
-                log.error("link.message_too_large", kind=str(group[0][0])[:20])
+                log.error("link.message_too_large", kind=type(group[0]).__name__)
                 return
             for message in group:
                 self._send_group([message])

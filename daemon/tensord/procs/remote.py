@@ -37,15 +37,9 @@ from tensord.errors import DeviceLostError, ResourceExhaustedError, UnavailableE
 from tensord.generate.core.outputs import EngineCoreOutput
 from tensord.generate.engine.streams import OutputSink
 from tensord.generate.model.model_dir import load_tokenizer
+from tensord.procs import messages
 from tensord.procs.link import Link
-from tensord.procs.messages import (
-    PackedOutput,
-    pack_call,
-    pack_request,
-    unpack_output,
-    unpack_result,
-    wire_bytes,
-)
+from tensord.procs.messages import wire_bytes
 from tensord.procs.ring import Ring
 
 log = structlog.get_logger("tensord.procs")
@@ -106,66 +100,74 @@ class RemoteEngine:
         for call_id, sink in sinks.items():
             sink.failed([str(call_id)], error)
 
-    def _received(self, message: Any) -> None:
-        kind = message[0]
-        if kind == "batch":
-            for each in message[1]:
-                self._received(each)
-        elif kind == "tokens":
-            self._tokens(message[1])
-        elif kind == "ended":
-            error = None if message[2] is None else message[2].exception()
-            for call_id in message[1]:
-                sink = self._sinks.pop(call_id, None)
-                if sink is None:
-                    continue
-                if error is None:
-                    sink.expired([str(call_id)])
-                else:
-                    sink.failed([str(call_id)], error)
-        elif kind in ("ok", "result", "error"):
-            self._answered(kind, message[1], message[2])
-        elif kind == "table":
-            self._table = message[1]
-            keys = {(e.tokenizer_path, e.serial) for e in self._table.versions}
-            for gone in set(self._tokenizers) - keys:  # versions no longer served
-                del self._tokenizers[gone]
-            self._preload_tokenizers()
-            if self._table.loaded:
-                self._loaded.set()
-            self.on_table()
+    def _received(self, message: messages.Message) -> None:
+        match message:
+            case messages.Batch(each):
+                for one in each:
+                    self._received(one)
+            case messages.Tokens(outputs):
+                self._tokens(outputs)
+            case messages.Ended(ids, report):
+                self._ended(ids, report)
+            case messages.Result() | messages.Ok() | messages.Error():
+                self._answered(message)
+            case messages.Table(table):
+                self._new_table(messages.unpickled(table))
+            case _:
+                log.error("frontend.unknown_message", kind=type(message).__name__)
 
-    def _tokens(self, packed: list[PackedOutput]) -> None:
+    def _ended(self, ids: list[int], report: messages.ErrorReport | None) -> None:
+        error = None if report is None else report.exception()
+        for call_id in ids:
+            sink = self._sinks.pop(call_id, None)
+            if sink is None:
+                continue
+            if error is None:
+                sink.expired([str(call_id)])
+            else:
+                sink.failed([str(call_id)], error)
+
+    def _new_table(self, table: ModelTable) -> None:
+        self._table = table
+        keys = {(e.tokenizer_path, e.serial) for e in table.versions}
+        for gone in set(self._tokenizers) - keys:  # versions no longer served
+            del self._tokenizers[gone]
+        self._preload_tokenizers()
+        if table.loaded:
+            self._loaded.set()
+        self.on_table()
+
+    def _tokens(self, outputs: list[messages.Output]) -> None:
         """A step's outputs for this frontend's generations, to their sinks."""
         groups: dict[int, tuple[OutputSink, list[EngineCoreOutput]]] = {}
-        for item in packed:
-            call_id = item[0]
+        for item in outputs:
+            call_id = item.call_id
             sink = self._sinks.get(call_id)
             if sink is None:
                 continue  # aborted meanwhile
-            if item[2] is not None:  # finished
+            if item.status is not None:  # finished
                 del self._sinks[call_id]
             group = groups.get(id(sink))
             if group is None:
-                groups[id(sink)] = (sink, [unpack_output(item)])
+                groups[id(sink)] = (sink, [messages.output_of(item)])
             else:
-                group[1].append(unpack_output(item))
-        for sink, outputs in groups.values():
-            sink.outputs(outputs)
+                group[1].append(messages.output_of(item))
+        for sink, batch in groups.values():
+            sink.outputs(batch)
 
-    def _answered(self, kind: str, call_id: int, value: Any) -> None:
-        future = self._waiting.pop(call_id, None)
+    def _answered(self, message: messages.Result | messages.Ok | messages.Error) -> None:
+        future = self._waiting.pop(message.id, None)
         if future is not None and not future.done():
-            if kind == "result":
-                future.set_result(unpack_result(value))
-            elif kind == "ok":
-                future.set_result(value)
+            if isinstance(message, messages.Result):
+                future.set_result(messages.result_of(message))
+            elif isinstance(message, messages.Ok):
+                future.set_result(messages.unpickled(message.result))
             else:
-                future.set_exception(value.exception())
-        elif kind == "error":  # a generation the engine refused
-            sink = self._sinks.pop(call_id, None)
+                future.set_exception(message.report.exception())
+        elif isinstance(message, messages.Error):  # a generation the engine refused
+            sink = self._sinks.pop(message.id, None)
             if sink is not None:
-                sink.failed([str(call_id)], value.exception())
+                sink.failed([str(message.id)], message.report.exception())
 
     def _send(self, message: Any, tensor_bytes: int = 0) -> None:
         link = self._link
@@ -184,15 +186,15 @@ class RemoteEngine:
             )
         link.post(message, tensor_bytes + _RING_MARGIN)
 
-    async def _ask(self, message: tuple[Any, ...], tensor_bytes: int = 0) -> Any:
-        call_id = message[1]
+    async def _ask(self, message: messages.Predict | messages.Query, tensor_bytes: int = 0) -> Any:
+        call_id = message.id
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = future
         try:
             self._send(message, tensor_bytes)
             return await future
         except asyncio.CancelledError:
-            self._post(("abort", call_id))
+            self._post(messages.Abort(call_id))
             raise
         finally:
             self._waiting.pop(call_id, None)
@@ -205,25 +207,25 @@ class RemoteEngine:
     # -- EngineClient ------------------------------------------------------------------
 
     async def predict(self, call: PredictCall) -> PredictResult:
-        message = ("predict", next(self._ids), pack_call(call))
+        message = messages.predict(next(self._ids), call)
         result: PredictResult = await self._ask(message, wire_bytes(call.inputs))
         return result
 
     def add_generation(self, request: EngineCoreRequest, sink: OutputSink) -> str:
         call_id = next(self._ids)
-        self._send(("generate", call_id, pack_request(request)), 16 * len(request.prompt_token_ids))
+        self._send(messages.Generate(call_id, request), 16 * len(request.prompt_token_ids))
         self._sinks[call_id] = sink
         return str(call_id)
 
     def abort_generation(self, request_id: str) -> None:
         call_id = int(request_id)
         if self._sinks.pop(call_id, None) is not None:
-            self._post(("abort", call_id))
+            self._post(messages.Abort(call_id))
 
     def stop_generations(self, request_ids: Sequence[str]) -> None:
         stopped = [int(r) for r in request_ids if self._sinks.pop(int(r), None) is not None]
         if stopped:
-            self._post(("stop", stopped))
+            self._post(messages.Stop(stopped))
 
     def _preload_tokenizers(self) -> None:
         """Read each READY generator's tokenizer on a worker thread as soon as the table
@@ -258,11 +260,11 @@ class RemoteEngine:
         return tokenizer
 
     async def info(self) -> ServerInfo:
-        info: ServerInfo = await self._ask(("query", next(self._ids), "info", ()))
+        info: ServerInfo = await self._ask(messages.query(next(self._ids), "info", ()))
         return info
 
     async def snapshots(self, model: str) -> list[ModelSnapshot]:
-        message = ("query", next(self._ids), "snapshots", (model,))
+        message = messages.query(next(self._ids), "snapshots", (model,))
         snapshots: list[ModelSnapshot] = await self._ask(message)
         return snapshots
 

@@ -186,7 +186,7 @@ class OutputProcessor:
             state.collector.put(chunk)
         return to_stop
 
-    def fail_requests(self, request_ids: Iterable[str], error: TensordError) -> None:
+    def fail_requests(self, request_ids: Iterable[str], error: Exception) -> None:
         """End streams with an error (drain, backend failure) after what they already got."""
         for request_id in request_ids:
             state = self.request_states.pop(request_id, None)

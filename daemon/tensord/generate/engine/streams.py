@@ -33,8 +33,9 @@ class OutputSink(Protocol):
     def outputs(self, outputs: list[EngineCoreOutput]) -> None:
         """A step's (or several steps') outputs of this sink's requests."""
 
-    def failed(self, request_ids: Sequence[str], error: TensordError) -> None:
-        """These requests ended with `error` (drain, a failed step, a refused admission)."""
+    def failed(self, request_ids: Sequence[str], error: Exception) -> None:
+        """These requests ended with `error` (drain, a failed step, a refused admission: a
+        TensordError; or an unexpected failure in the engine process)."""
 
     def expired(self, request_ids: Sequence[str]) -> None:
         """These requests' deadlines passed before they finished."""
@@ -107,7 +108,7 @@ class OutputStreams:
         if to_stop:
             self._stop(to_stop)
 
-    def failed(self, request_ids: Sequence[str], error: TensordError) -> None:
+    def failed(self, request_ids: Sequence[str], error: Exception) -> None:
         self.processor.fail_requests(request_ids, error)
 
     def expired(self, request_ids: Sequence[str]) -> None:
