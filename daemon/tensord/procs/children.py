@@ -78,77 +78,109 @@ async def run_engine(
     _ignore_signals()
     apply_live_settings(config)  # the GIL switch interval, as the one-process daemon
     heap.tune()
-    stop = asyncio.Event()
-    exit_code = 0
-    engine = LocalEngine.for_config(config)
-    host = EngineHost(engine, config.limits.max_generate_streams)
-    observability = Observability(config, engine.registry, known_model=engine.has_model)
-    observability.start()  # on a loopback port of its own: the supervisor reads it
+    return await EngineProcess(config, control_fd, config_loader).run()
 
-    def device_lost(exc: DeviceLostError) -> None:
-        nonlocal exit_code
-        exit_code = EXIT_DEVICE_LOST
-        log.critical("device.lost", error=str(exc), exit_code=EXIT_DEVICE_LOST)
-        stop.set()
 
-    engine.on_device_lost = device_lost
-    tasks: set[asyncio.Task[Any]] = set()
+class EngineProcess:
+    """The engine process's parts: the LocalEngine behind every frontend's link, its
+    metrics endpoint and the control channel the supervisor drives it through.
 
-    def on_message(message: dict[str, Any], fds: list[int]) -> None:
-        op = message.get("op")
-        if op == "link":
-            requests, replies = Ring.attach(*fds[:3]), Ring.attach(*fds[3:6])
-            host.add_frontend(int(message["index"]), replies, requests)
-        elif op == "unlink":
-            host.remove_frontend(int(message["index"]))
-        elif op == "reload":
-            task = asyncio.ensure_future(reload())
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        elif op == "drain":
-            stop.set()
+    Made on the running event loop: it starts the metrics endpoint and listens on the
+    control channel at once."""
 
-    async def reload() -> None:
-        nonlocal config
-        if config_loader is not None:
-            try:
-                config = config_loader()
-            except Exception as exc:
-                log.error("engine.reload_config_failed", error=str(exc))
-        engine.apply(config)
-        apply_live_settings(config)
-        changes = await engine.reload_models(config.model_repository)
-        heap.settle()
-        log.info("engine.reloaded", added=changes.added, changed=changes.changed,
-                 removed=changes.removed, load_failed=changes.failed)  # fmt: skip
-        host.models_changed()
-        control.send({"op": "reloaded", "status": _status(engine.table)})
+    def __init__(
+        self, config: TensordConfig, control_fd: int, config_loader: ConfigLoader | None
+    ) -> None:
+        self.config = config
+        self.config_loader = config_loader
+        self.stop = asyncio.Event()
+        self.exit_code = 0
+        self.engine = LocalEngine.for_config(config)
+        self.host = EngineHost(self.engine, config.limits.max_generate_streams)
+        self.observability = Observability(
+            config, self.engine.registry, known_model=self.engine.has_model
+        )
+        self.observability.start()  # on a loopback port of its own: the supervisor reads it
+        self.engine.on_device_lost = self._device_lost
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.control = Control(socket.socket(fileno=control_fd), self._on_message, self.stop.set)
+        self.host.on_dropped = self._dropped
 
-    control = Control(socket.socket(fileno=control_fd), on_message, stop.set)
-    host.on_dropped = lambda index: control.send({"op": "dropped", "index": index})
-    alive = asyncio.ensure_future(_alive(control, _child_watchdog()))
-    loading = asyncio.ensure_future(engine.load_models())
-    await asyncio.wait({loading, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED")
-    if loading.done() and not stop.is_set():
+    async def run(self) -> int:
+        """Load, say ready, serve until told to drain (or the device is lost), then drain;
+        returns the exit status."""
+        alive = asyncio.ensure_future(_alive(self.control, _child_watchdog()))
+        if await self._load():
+            await self.stop.wait()
+        log.info("engine.draining")
+        self.host.close()
+        self.engine.terminate_runs()
+        await self.engine.close()
+        await asyncio.to_thread(self.observability.stop)
+        alive.cancel()
+        self.control.close()
+        log.info("engine.stopped", exit_code=self.exit_code)
+        return self.exit_code
+
+    async def _load(self) -> bool:
+        """Load every model unless a drain comes first; True once loaded and said ready."""
+        loading = asyncio.ensure_future(self.engine.load_models())
+        await asyncio.wait(
+            {loading, asyncio.ensure_future(self.stop.wait())}, return_when="FIRST_COMPLETED"
+        )
+        if not loading.done() or self.stop.is_set():
+            loading.cancel()
+            return False
         loading.result()
         seconds, frozen = heap.settle()  # the loaded heap out of every later collection
         log.info("server.heap_frozen", objects=frozen, collect_ms=round(seconds * 1e3, 1))
-        control.send(
-            {"op": "ready", "status": _status(engine.table), "metrics_port": observability.port}
+        self.control.send(
+            {
+                "op": "ready",
+                "status": _status(self.engine.table),
+                "metrics_port": self.observability.port,
+            }
         )
-        log.info("engine.ready", **engine.table.counts())
-        await stop.wait()
-    else:
-        loading.cancel()
-    log.info("engine.draining")
-    host.close()
-    engine.terminate_runs()
-    await engine.close()
-    await asyncio.to_thread(observability.stop)
-    alive.cancel()
-    control.close()
-    log.info("engine.stopped", exit_code=exit_code)
-    return exit_code
+        log.info("engine.ready", **self.engine.table.counts())
+        return True
+
+    def _device_lost(self, exc: DeviceLostError) -> None:
+        self.exit_code = EXIT_DEVICE_LOST
+        log.critical("device.lost", error=str(exc), exit_code=EXIT_DEVICE_LOST)
+        self.stop.set()
+
+    def _dropped(self, index: int) -> None:
+        self.control.send({"op": "dropped", "index": index})
+
+    def _on_message(self, message: dict[str, Any], fds: list[int]) -> None:
+        op = message.get("op")
+        if op == "link":
+            requests, replies = Ring.attach(*fds[:3]), Ring.attach(*fds[3:6])
+            self.host.add_frontend(int(message["index"]), replies, requests)
+        elif op == "unlink":
+            self.host.remove_frontend(int(message["index"]))
+        elif op == "reload":
+            task = asyncio.ensure_future(self._reload())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif op == "drain":
+            self.stop.set()
+
+    async def _reload(self) -> None:
+        if self.config_loader is not None:
+            try:
+                self.config = self.config_loader()
+            except Exception as exc:
+                log.error("engine.reload_config_failed", error=str(exc))
+        config = self.config
+        self.engine.apply(config)
+        apply_live_settings(config)
+        changes = await self.engine.reload_models(config.model_repository)
+        heap.settle()
+        log.info("engine.reloaded", added=changes.added, changed=changes.changed,
+                 removed=changes.removed, load_failed=changes.failed)  # fmt: skip
+        self.host.models_changed()
+        self.control.send({"op": "reloaded", "status": _status(self.engine.table)})
 
 
 def _status(table: ModelTable) -> str:
