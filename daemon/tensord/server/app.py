@@ -127,6 +127,18 @@ class TensordServer:
             interceptors=self.security.interceptors,
             options=transport_options(config.server, reuse_port=self.frontend),
         )
+        self._servicer = self._add_services()
+        self._calls = self._servicer.calls
+        self._intake = self._servicer.intake
+        self.openai: OpenAIServer | None = (
+            self._openai_server(self._servicer) if config.openai.enabled else None
+        )
+        """The OpenAI-compatible HTTP API ([openai] listen); None when it is off."""
+
+    def _add_services(self) -> InferenceServicer:
+        """Put tensord.v1, KServe v2, health and reflection on the gRPC server; returns
+        tensord.v1's servicer, whose intake and call count the others share."""
+        config = self.config
         servicer = InferenceServicer(
             self.dataplane,
             self.observability.observer,
@@ -134,9 +146,6 @@ class TensordServer:
             config.limits,
             self.security.stream_limit,
         )
-        self._calls = servicer.calls
-        self._intake = servicer.intake
-        self._servicer = servicer
         add_servicer(servicer, self._server)
         add_kserve_servicer(
             KServeServicer(
@@ -153,10 +162,7 @@ class TensordServer:
             (SERVICE_NAME, KSERVE_SERVICE_NAME, health.SERVICE_NAME, REFLECTION_SERVICE_NAME)
         )
         add_reflection_servicer(self.reflection, self._server)
-        self.openai: OpenAIServer | None = (
-            self._openai_server(servicer) if config.openai.enabled else None
-        )
-        """The OpenAI-compatible HTTP API ([openai] listen); None when it is off."""
+        return servicer
 
     def _openai_server(self, servicer: InferenceServicer) -> OpenAIServer:
         """The HTTP API over the same data plane, tokens, limits and metrics as gRPC."""
@@ -184,37 +190,9 @@ class TensordServer:
         """Listen (health NOT_SERVING), load every model, then report health by the
         readiness policy ([server] ready_when) and tell systemd READY=1. Returns the port."""
         await self._sync_health()
-        listen = self.config.server.listen
-        try:
-            self.observability.start()  # a metrics port that is taken fails before serving
-            try:
-                self.port = self.security.add_port(self._server, listen)
-                if self.watchdog is not None:  # always plain: a private unix socket
-                    self._server.add_insecure_port(self.watchdog.address)
-            except RuntimeError as exc:
-                raise OSError(f"cannot listen on {listen}: {exc}") from None
-            if self.openai is not None:
-                await self.openai.start()
-        except BaseException:
-            if self.watchdog is not None:
-                self.watchdog.close()  # its socket's directory
-            raise
+        await self._listen()
         await self._server.start()
-        address = f"{listen.rsplit(':', 1)[0]}:{self.port}"
-        self._servicer.endpoints = [(name, address) for name in self.reflection.service_names]
-        if self.openai is not None:
-            host = self.openai.listen.rsplit(":", 1)[0]
-            scheme = "https" if self.openai.ssl_context else "http"
-            self._servicer.endpoints.append(("openai", f"{scheme}://{host}:{self.openai.port}/v1"))
-        log.info(
-            "server.listening",
-            listen=listen,
-            port=self.port,
-            version=__version__,
-            transport=self.security.mode,
-            auth=self.security.authenticator is not None,
-            event_loop=running_loop_name(),
-        )
+        self._announce_endpoints()
         self.notifier.status(f"loading models; listening on port {self.port}")
         if not self.frontend:  # a frontend holds no device: the engine process does
             gpus = await asyncio.to_thread(probe_gpus)
@@ -231,10 +209,56 @@ class TensordServer:
         self._settle_heap()  # before the first request: nobody waits on it
         self.dataplane.serving = True
         await self._sync_health()
-        # READY=1 means "started": systemd accepts `systemctl reload` (the way to fix a
-        # broken model) only from an active unit, and a unit that never says READY=1 is
-        # killed at TimeoutStartSec and restarted, which mends no model file. Whether the
-        # daemon serves is health's to say (and the STATUS= line's).
+        self._report_ready()
+        self._started.set()
+        return self.port
+
+    async def _listen(self) -> None:
+        """Bind the metrics port, the gRPC port (and the watchdog's socket) and the HTTP
+        API's port; a port that is taken fails here, before anything serves."""
+        listen = self.config.server.listen
+        try:
+            self.observability.start()  # a metrics port that is taken fails before serving
+            try:
+                self.port = self.security.add_port(self._server, listen)
+                if self.watchdog is not None:  # always plain: a private unix socket
+                    self._server.add_insecure_port(self.watchdog.address)
+            except RuntimeError as exc:
+                raise OSError(f"cannot listen on {listen}: {exc}") from None
+            if self.openai is not None:
+                await self.openai.start()
+        except BaseException:
+            if self.watchdog is not None:
+                self.watchdog.close()  # its socket's directory
+            raise
+
+    def _announce_endpoints(self) -> None:
+        """The addresses Info lists (each gRPC service, the HTTP API), and the log line
+        that says where the daemon listens."""
+        listen = self.config.server.listen
+        address = f"{listen.rsplit(':', 1)[0]}:{self.port}"
+        self._servicer.endpoints = [(name, address) for name in self.reflection.service_names]
+        if self.openai is not None:
+            host = self.openai.listen.rsplit(":", 1)[0]
+            scheme = "https" if self.openai.ssl_context else "http"
+            self._servicer.endpoints.append(("openai", f"{scheme}://{host}:{self.openai.port}/v1"))
+        log.info(
+            "server.listening",
+            listen=listen,
+            port=self.port,
+            version=__version__,
+            transport=self.security.mode,
+            auth=self.security.authenticator is not None,
+            event_loop=running_loop_name(),
+        )
+
+    def _report_ready(self) -> None:
+        """Log the models' states and tell systemd READY=1 with the status line.
+
+        READY=1 means "started": systemd accepts `systemctl reload` (the way to fix a
+        broken model) only from an active unit, and a unit that never says READY=1 is
+        killed at TimeoutStartSec and restarted, which mends no model file. Whether the
+        daemon serves is health's to say (and the STATUS= line's)."""
         readiness = self.dataplane.readiness()
         log.info(
             "server.ready",
@@ -244,8 +268,6 @@ class TensordServer:
             **self.model_counts(),
         )
         self.notifier.ready(self.status_line())
-        self._started.set()
-        return self.port
 
     def _settle_heap(self) -> None:
         if not self.settles_heap:
