@@ -63,10 +63,17 @@ class OpenAIServer:
         """Bind and serve; returns the bound port."""
         import uvicorn
 
+        started = asyncio.Event()
+
         class Server(uvicorn.Server):
             @contextlib.contextmanager
             def capture_signals(self) -> Iterator[None]:
                 yield  # the daemon handles SIGTERM, SIGINT and SIGHUP
+
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                await super().startup(sockets)
+                if self.started:
+                    started.set()
 
         sock = _bind(self.listen, self.reuse_port)
         self.port = int(sock.getsockname()[1])
@@ -81,8 +88,11 @@ class OpenAIServer:
         config.ssl = self.ssl_context  # uvicorn takes files; this one follows reloads
         self._server = Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
-        while not self._server.started and not self._task.done():
-            await asyncio.sleep(0.005)
+        waiting = asyncio.ensure_future(started.wait())
+        try:  # until it serves, or its task ends (a start that failed)
+            await asyncio.wait({self._task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
         if self._task.done():
             self._task.result()
         log.info(
