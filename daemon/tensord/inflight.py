@@ -41,11 +41,6 @@ class InflightCounter:
         if self._count == 0:
             self._idle.set()
 
-    async def wait_idle(self, timeout: float | None = None) -> bool:
-        """True once nothing runs; False if something still does after `timeout` seconds
-        (None: wait as long as it takes)."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+    async def wait_idle(self) -> None:
+        """Until nothing runs (bound the wait with asyncio.timeout)."""
+        await self._idle.wait()

@@ -8,7 +8,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -389,15 +389,10 @@ class TensordServer:
             self.openai.stop(max(0.0, ends - loop.time())) if self.openai else asyncio.sleep(0)
         )
 
-        # Handlers finish while gRPC still runs: stop() closes every connection once the
-        # calls are complete, and a reply returned just before (megabytes still being
-        # written under flow control) could be cut off with the connection.
         def left() -> float:
             return max(0.0, ends - loop.time())
 
-        if self._calls.count and await self._calls.wait_idle(left()):
-            linger = _REPLY_LINGER_S + self._calls.drain_reply_bytes / _REPLY_BYTES_PER_S
-            await asyncio.sleep(min(linger, left()))
+        await self._let_handlers_finish(left)
         self._intake.stop()  # health calls still waiting for their message end too
         # Every handler has returned: what gRPC's own grace would still wait for is a
         # connection whose client ignores GOAWAY (or reads nothing), never a call.
@@ -415,6 +410,23 @@ class TensordServer:
             self.watchdog.close()
         log.info("server.stopped", exit_code=self.exit_code)
         self.notifier.close()
+
+    async def _let_handlers_finish(self, left: Callable[[], float]) -> None:
+        """Until every handler has returned and its reply has had time to leave, within
+        what `left()` says remains of the grace.
+
+        Handlers finish while gRPC still runs: stopping it closes every connection once the
+        calls are complete, and a reply returned just before (megabytes still being
+        written under flow control) could be cut off with the connection."""
+        if not self._calls.count:
+            return
+        try:
+            async with asyncio.timeout(left()):
+                await self._calls.wait_idle()
+        except TimeoutError:
+            return
+        linger = _REPLY_LINGER_S + self._calls.drain_reply_bytes / _REPLY_BYTES_PER_S
+        await asyncio.sleep(min(linger, left()))
 
     async def _reload_security(self, config: TensordConfig) -> None:
         """Re-read the certificates and the token file on a worker thread: a token file of
