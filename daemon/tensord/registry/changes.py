@@ -79,41 +79,65 @@ def plan_reload(
 
     sources = list(sources)
     broken = {src.model_dir: src for src in sources if src.whole_model}
+    plan = ReloadPlan()
+    kept = _keep_unscannable(served, broken, plan)
+    seen = set(kept)
+    for src in sources:
+        if src.whole_model and src.model_dir not in broken:
+            continue  # its served versions are kept
+        src = _unless_claimed(src, kept)
+        seen.add((src.name, src.version))
+        _place(plan, src, served.get(src.name, {}).get(src.version))
+    for name, versions in served.items():
+        for version, entry in versions.items():
+            if (name, version) not in seen:
+                plan.removed.append(entry)
+    return plan
+
+
+def _keep_unscannable(
+    served: Mapping[str, Mapping[int, ModelVersion]],
+    broken: dict[Path | None, VersionSource],
+    plan: ReloadPlan,
+) -> dict[tuple[str, int], Path | None]:
+    """Keep the served versions of each directory in `broken` while one of them is READY:
+    they go into plan.kept and their directory leaves `broken`. Returns the directory of
+    each (name, version) kept."""
     by_dir: dict[Path | None, list[ModelVersion]] = {}
     for versions in served.values():
         for mv in versions.values():
             if mv.model_dir in broken:
                 by_dir.setdefault(mv.model_dir, []).append(mv)
-    plan = ReloadPlan()
     kept: dict[tuple[str, int], Path | None] = {}
     for directory, entries in by_dir.items():
         if any(mv.state is ModelState.READY for mv in entries):
             reason = broken.pop(directory).error
             plan.kept.extend((mv, reason) for mv in entries)
             kept.update(((mv.name, mv.version), directory) for mv in entries)
-    seen = set(kept)
-    for src in sources:
-        if src.whole_model and src.model_dir not in broken:
-            continue  # its served versions are kept
-        if (src.name, src.version) in kept:  # another directory now claims a kept name
-            owner = kept[(src.name, src.version)]
-            src = replace(
-                src,
-                error=f"model name {src.name!r} is also served from {owner}, kept while its "
-                "directory cannot be scanned; give each its own name",
-            )
-        seen.add((src.name, src.version))
-        entry = served.get(src.name, {}).get(src.version)
-        if entry is None:
-            plan.added.append(src)
-        elif needs_reload(src, entry):
-            plan.changed.append((src, entry))
-        else:
-            plan.unchanged += 1
-            if src.config != entry.config:
-                plan.retagged.append((src, entry))
-    for name, versions in served.items():
-        for version, entry in versions.items():
-            if (name, version) not in seen:
-                plan.removed.append(entry)
-    return plan
+    return kept
+
+
+def _unless_claimed(
+    src: VersionSource, kept: Mapping[tuple[str, int], Path | None]
+) -> VersionSource:
+    """`src`, failed when another directory's kept version goes by its name and version."""
+    if (src.name, src.version) not in kept:
+        return src
+    owner = kept[(src.name, src.version)]
+    return replace(
+        src,
+        error=f"model name {src.name!r} is also served from {owner}, kept while its "
+        "directory cannot be scanned; give each its own name",
+    )
+
+
+def _place(plan: ReloadPlan, src: VersionSource, entry: ModelVersion | None) -> None:
+    """Sort a version on disk by the version of that name served now (`entry`)."""
+    if entry is None:
+        plan.added.append(src)
+    elif needs_reload(src, entry):
+        plan.changed.append((src, entry))
+    else:
+        plan.unchanged += 1
+        if src.config != entry.config:
+            plan.retagged.append((src, entry))
