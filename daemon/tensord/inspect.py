@@ -17,45 +17,8 @@ from tensord.generate.model.describe import describe_generator, looks_like_decod
 
 def inspect_model(path: Path) -> dict[str, Any]:
     """A JSON-ready description of the model file."""
-    import onnxruntime as ort
-
-    if not path.is_file():
-        raise ModelLoadError(f"{path} does not exist or is not a file")
-    if path.stat().st_size == 0:
-        raise ModelLoadError(f"{path} is empty (0 bytes), not an ONNX model")
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ModelLoadError(f"{path} is not a readable ONNX model: {exc}") from None
-    # Protobuf parses many byte strings as a message with no fields; a model has a graph.
-    if not proto.HasField("graph") or not proto.opset_import:
-        raise ModelLoadError(f"{path} is not an ONNX model: it holds no graph or no opset")
-    runnable, unrunnable = [], {}
-    signature: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}
-    for provider in available_providers():
-        try:
-            session = ort.InferenceSession(str(path), providers=[provider])
-        except Exception as exc:
-            unrunnable[provider] = str(exc).splitlines()[0]
-            continue
-        if session.get_providers()[0] != provider:
-            unrunnable[provider] = f"ONNX Runtime fell back to {session.get_providers()[0]}"
-            continue
-        runnable.append(provider)
-        if not signature["inputs"]:
-            for kind, args in (
-                ("inputs", session.get_inputs()),
-                ("outputs", session.get_outputs()),
-            ):
-                signature[kind] = [
-                    {
-                        "name": s.name,
-                        "dtype": dtype_name(s.dtype),
-                        "shape": list(s.shape),
-                        "dims": _dims(arg.shape),
-                    }
-                    for s, arg in zip(describe(args, kind[:-1]), args, strict=True)
-                ]
+    proto = _read_model(path)
+    runnable, unrunnable, signature = _try_providers(path)
     external = _external_files(path, proto)
     report = {
         "path": str(path),
@@ -74,6 +37,63 @@ def inspect_model(path: Path) -> dict[str, Any]:
     if looks_like_decoder(path, proto.graph):
         report["generator"] = describe_generator(path)
     return report
+
+
+def _read_model(path: Path) -> onnx.ModelProto:
+    """The model's graph without its external data; ModelLoadError when `path` is not
+    an ONNX model."""
+    if not path.is_file():
+        raise ModelLoadError(f"{path} does not exist or is not a file")
+    if path.stat().st_size == 0:
+        raise ModelLoadError(f"{path} is empty (0 bytes), not an ONNX model")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ModelLoadError(f"{path} is not a readable ONNX model: {exc}") from None
+    # Protobuf parses many byte strings as a message with no fields; a model has a graph.
+    if not proto.HasField("graph") or not proto.opset_import:
+        raise ModelLoadError(f"{path} is not an ONNX model: it holds no graph or no opset")
+    return proto
+
+
+def _try_providers(
+    path: Path,
+) -> tuple[list[str], dict[str, str], dict[str, list[dict[str, Any]]]]:
+    """A session on each provider available here: those that run the model, why each
+    other one does not, and the inputs and outputs as the first session sees them."""
+    import onnxruntime as ort
+
+    runnable, unrunnable = [], {}
+    signature: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}
+    for provider in available_providers():
+        try:
+            session = ort.InferenceSession(str(path), providers=[provider])
+        except Exception as exc:
+            unrunnable[provider] = str(exc).splitlines()[0]
+            continue
+        if session.get_providers()[0] != provider:
+            unrunnable[provider] = f"ONNX Runtime fell back to {session.get_providers()[0]}"
+            continue
+        runnable.append(provider)
+        if not signature["inputs"]:
+            signature = _signature(session)
+    return runnable, unrunnable, signature
+
+
+def _signature(session: Any) -> dict[str, list[dict[str, Any]]]:
+    """The session's inputs and outputs: name, dtype, shape and the graph's dimensions."""
+    signature: dict[str, list[dict[str, Any]]] = {}
+    for kind, args in (("inputs", session.get_inputs()), ("outputs", session.get_outputs())):
+        signature[kind] = [
+            {
+                "name": s.name,
+                "dtype": dtype_name(s.dtype),
+                "shape": list(s.shape),
+                "dims": _dims(arg.shape),
+            }
+            for s, arg in zip(describe(args, kind[:-1]), args, strict=True)
+        ]
+    return signature
 
 
 def _dims(shape: Any) -> list[int | str]:
