@@ -130,6 +130,14 @@ async def _say_how_to_call(server: Any) -> None:
     listen = server.config.server.listen
     if listen.rsplit(":", 1)[0] not in ("0.0.0.0", "[::]", "127.0.0.1", "localhost"):
         target = f"{listen.rsplit(':', 1)[0]}:{server.port}"
+    lines = await asyncio.to_thread(_how_to_call, target)  # it looks at files
+    out = sys.stdout if sys.stdout.isatty() else sys.stderr
+    print("\n".join(lines), file=out, flush=True)
+
+
+def _how_to_call(target: str) -> list[str]:
+    """Where tensorctl is (in this venv, to activate, or on the PATH) and a command that
+    calls the daemon at `target`."""
     bin_dir = Path(sys.executable).parent
     tensorctl = bin_dir / "tensorctl"
     lines = [f"tensord is listening on {target}. In another shell:"]
@@ -144,8 +152,7 @@ async def _say_how_to_call(server: Any) -> None:
         command = str(tensorctl) if tensorctl.exists() else "tensorctl"
     default = target == "127.0.0.1:50051"
     lines.append(f"    {command}{'' if default else f' --target {target}'} health")
-    out = sys.stdout if sys.stdout.isatty() else sys.stderr
-    print("\n".join(lines), file=out, flush=True)
+    return lines
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
