@@ -6,7 +6,7 @@ executors' locked stats, the batchers' counters) and never hold the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import structlog
@@ -22,12 +22,69 @@ from tensord.registry.version import GeneratorVersion, PredictVersion
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
+    from tensord.generate.engine.engine import EngineStats
     from tensord.registry.registry import ModelRegistry
     from tensord.registry.version import ModelVersion
 
 log = structlog.get_logger("tensord.metrics")
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+_GENERATOR: tuple[
+    tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, Callable[[EngineStats], float]],
+    ...,
+] = (
+    (
+        GaugeMetricFamily,
+        "tensord_kv_blocks_used",
+        "KV-cache blocks held by sequences.",
+        lambda stats: stats.kv_cache.used_blocks,
+    ),
+    (
+        GaugeMetricFamily,
+        "tensord_kv_blocks_free",
+        "KV-cache blocks free to allocate (cached prefixes included).",
+        lambda stats: stats.kv_cache.free_blocks,
+    ),
+    (
+        GaugeMetricFamily,
+        "tensord_kv_blocks_cached",
+        "KV-cache blocks holding a reusable prefix.",
+        lambda stats: stats.kv_cache.cached_blocks,
+    ),
+    (
+        GaugeMetricFamily,
+        "tensord_generate_sequences_running",
+        "Sequences decoding now.",
+        lambda stats: stats.running,
+    ),
+    (
+        GaugeMetricFamily,
+        "tensord_generate_sequences_waiting",
+        "Generate requests waiting for room (preempted ones included).",
+        lambda stats: stats.waiting,
+    ),
+    (
+        CounterMetricFamily,
+        "tensord_generate_preemptions",
+        "Sequences preempted because KV blocks ran out.",
+        lambda stats: stats.preemptions,
+    ),
+    (
+        CounterMetricFamily,
+        "tensord_generate_prefix_query_tokens",
+        "Prompt tokens looked up for a reusable prefix (the hit rate's denominator).",
+        lambda stats: stats.prefix_query_tokens,
+    ),
+    (
+        CounterMetricFamily,
+        "tensord_generate_prefix_hit_tokens",
+        "Prompt tokens whose keys and values came from a cached prefix.",
+        lambda stats: stats.prefix_hit_tokens,
+    ),
+)
+"""The generation engines' gauges and counters, one sample per model version: kind,
+name, help and the value read from the engine's stats."""
 
 
 def _snapshot(registry: ModelRegistry) -> list[ModelVersion]:
@@ -99,42 +156,9 @@ class ModelCollector(Collector):
     @staticmethod
     def _generators(versions: Iterable[ModelVersion]) -> Iterator[Metric]:
         labels = ["model", "version"]
-        used = GaugeMetricFamily(
-            "tensord_kv_blocks_used", "KV-cache blocks held by sequences.", labels=labels
-        )
-        free = GaugeMetricFamily(
-            "tensord_kv_blocks_free",
-            "KV-cache blocks free to allocate (cached prefixes included).",
-            labels=labels,
-        )
-        cached = GaugeMetricFamily(
-            "tensord_kv_blocks_cached",
-            "KV-cache blocks holding a reusable prefix.",
-            labels=labels,
-        )
-        running = GaugeMetricFamily(
-            "tensord_generate_sequences_running", "Sequences decoding now.", labels=labels
-        )
-        waiting = GaugeMetricFamily(
-            "tensord_generate_sequences_waiting",
-            "Generate requests waiting for room (preempted ones included).",
-            labels=labels,
-        )
-        preemptions = CounterMetricFamily(
-            "tensord_generate_preemptions",
-            "Sequences preempted because KV blocks ran out.",
-            labels=labels,
-        )
-        queried = CounterMetricFamily(
-            "tensord_generate_prefix_query_tokens",
-            "Prompt tokens looked up for a reusable prefix (the hit rate's denominator).",
-            labels=labels,
-        )
-        hits = CounterMetricFamily(
-            "tensord_generate_prefix_hit_tokens",
-            "Prompt tokens whose keys and values came from a cached prefix.",
-            labels=labels,
-        )
+        families = [
+            (kind(name, text, labels=labels), value) for kind, name, text, value in _GENERATOR
+        ]
         copied = CounterMetricFamily(
             "tensord_kv_prefix_copied_bytes",
             "Bytes copied between KV slots and the host prefix store "
@@ -147,17 +171,12 @@ class ModelCollector(Collector):
                 continue
             stats = engine.stats()
             values = [mv.name, str(mv.version)]
-            used.add_metric(values, stats.kv_cache.used_blocks)
-            free.add_metric(values, stats.kv_cache.free_blocks)
-            cached.add_metric(values, stats.kv_cache.cached_blocks)
-            running.add_metric(values, stats.running)
-            waiting.add_metric(values, stats.waiting)
-            preemptions.add_metric(values, stats.preemptions)
-            queried.add_metric(values, stats.prefix_query_tokens)
-            hits.add_metric(values, stats.prefix_hit_tokens)
+            for family, value in families:
+                family.add_metric(values, value(stats))
             copied.add_metric([*values, "load"], stats.prefix_bytes_loaded)
             copied.add_metric([*values, "save"], stats.prefix_bytes_saved)
-        yield from (used, free, cached, running, waiting, preemptions, queried, hits, copied)
+        yield from (family for family, _ in families)
+        yield copied
 
     @staticmethod
     def _executors(versions: Iterable[ModelVersion]) -> Iterator[Metric]:
