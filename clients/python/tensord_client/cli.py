@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import numpy as np
@@ -359,6 +359,10 @@ _ENVIRONMENT = f"""environment:
   TENSORD_TOKEN   the bearer token when --token is not given"""
 
 
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What add_subparsers returns: each command is added to it."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """tensorctl's arguments."""
     parser = argparse.ArgumentParser(
@@ -367,6 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"{_ENVIRONMENT}\n\n{_EXIT_STATUS}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_connection_arguments(parser)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_health_command(sub)
+    sub.add_parser("info", help="server, devices, providers and models").set_defaults(func=cmd_info)
+    _add_predict_command(sub)
+    _add_generate_command(sub)
+    return parser
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the daemon is and how to reach it: target, deadline, output, TLS, token."""
     parser.add_argument(
         "--target",
         "-t",
@@ -391,7 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TENSORD_TOKEN") or None,
         help="bearer token sent on every call (default: $TENSORD_TOKEN)",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+
+
+def _add_health_command(sub: Subcommands) -> None:
+    """`tensorctl health [MODEL] [--wait SECONDS]`."""
     health = sub.add_parser(
         "health",
         help="server and model health (exit 1 if the server, or the model named, is not serving)",
@@ -409,7 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
         "a model not found yet are waited for too)",
     )
     health.set_defaults(func=cmd_health)
-    sub.add_parser("info", help="server, devices, providers and models").set_defaults(func=cmd_info)
+
+
+def _add_predict_command(sub: Subcommands) -> None:
+    """`tensorctl predict MODEL --input NAME=VALUE ...`."""
     predict = sub.add_parser("predict", help="run a model on tensors")
     predict.add_argument("model")
     predict.add_argument(
@@ -424,6 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--output-dir", type=Path, help="write each output to DIR/NAME.npy")
     predict.add_argument("--version", type=int, default=0, help="model version (0: newest ready)")
     predict.set_defaults(func=cmd_predict)
+
+
+def _add_generate_command(sub: Subcommands) -> None:
+    """`tensorctl generate MODEL [PROMPT]` and its sampling settings."""
     generate = sub.add_parser("generate", help="stream tokens from a generator model")
     generate.add_argument("model")
     generate.add_argument("prompt", nargs="?", help="the prompt text (or --token-ids)")
@@ -442,7 +467,6 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--ignore-eos", action="store_true", help="go on past end-of-sequence")
     generate.add_argument("--logprobs", type=int, default=0, help="top alternatives per token")
     generate.set_defaults(func=cmd_generate)
-    return parser
 
 
 def _tls(args: argparse.Namespace) -> TLSOptions | None:
