@@ -147,8 +147,9 @@ def _collector_off(window: Window) -> Iterator[None]:
 # ---------------------------------------------------------------- aio driver
 
 
-async def _aio_worker(call: Any, payload: bytes, window: Window, timeout: float | None) -> None:
-    """Back-to-back calls until t1; record those that complete within the window."""
+async def _aio_worker(call: Any, payload: bytes, window: Window, deadline_s: float | None) -> None:
+    """Back-to-back calls until t1, each with a gRPC deadline of `deadline_s` (None: none);
+    record those that complete within the window."""
     clock = time.monotonic_ns
     t0, t1 = window.t0, window.t1
     latencies = window.latencies_ns
@@ -157,7 +158,7 @@ async def _aio_worker(call: Any, payload: bytes, window: Window, timeout: float 
         if start >= t1:
             return
         try:
-            await call(payload, timeout=timeout)
+            await call(payload, timeout=deadline_s)
         except grpc.aio.AioRpcError as exc:
             if t0 <= clock() < t1:
                 window.errors[exc.code().name] += 1
@@ -186,7 +187,7 @@ async def _aio_ready(call: Any, payload: bytes) -> bytes:
 async def run_aio(args: argparse.Namespace) -> dict[str, Any]:
     """The aio driver: `connections` channels, `concurrency` tasks spread over them."""
     payload = request_bytes(args.model, args.features)
-    timeout = args.timeout if args.timeout > 0 else None
+    deadline_s = args.timeout if args.timeout > 0 else None
     async with contextlib.AsyncExitStack() as stack:
         calls = []
         for options in channel_options(connection_count(args)):
@@ -205,7 +206,7 @@ async def run_aio(args: argparse.Namespace) -> dict[str, Any]:
             cpu0 = time.process_time()
             await asyncio.gather(
                 *(
-                    _aio_worker(calls[i % len(calls)], payload, window, timeout)
+                    _aio_worker(calls[i % len(calls)], payload, window, deadline_s)
                     for i in range(args.concurrency)
                 )
             )
@@ -217,7 +218,7 @@ async def run_aio(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _sync_worker(
-    call: Callable[..., bytes], payload: bytes, window: Window, timeout: float | None
+    call: Callable[..., bytes], payload: bytes, window: Window, deadline_s: float | None
 ) -> None:
     """Blocking twin of _aio_worker; list.append is atomic under the GIL, counters locked."""
     clock = time.monotonic_ns
@@ -229,7 +230,7 @@ def _sync_worker(
         if start >= t1:
             break
         try:
-            call(payload, timeout=timeout)
+            call(payload, timeout=deadline_s)
         except grpc.RpcError as exc:
             if t0 <= clock() < t1:
                 with _LOCK:
@@ -263,7 +264,7 @@ def run_sync(args: argparse.Namespace) -> dict[str, Any]:
     """The blocking driver: `connections` channels, `concurrency` threads spread over them
     (the caller's thread, when one call is in flight)."""
     payload = request_bytes(args.model, args.features)
-    timeout = args.timeout if args.timeout > 0 else None
+    deadline_s = args.timeout if args.timeout > 0 else None
     with contextlib.ExitStack() as stack:
         calls = []
         for options in channel_options(connection_count(args)):
@@ -279,12 +280,12 @@ def run_sync(args: argparse.Namespace) -> dict[str, Any]:
         with _collector_off(window):
             cpu0 = time.process_time()
             if args.concurrency == 1:
-                _sync_worker(calls[0], payload, window, timeout)
+                _sync_worker(calls[0], payload, window, deadline_s)
             else:
                 threads = [
                     threading.Thread(
                         target=_sync_worker,
-                        args=(calls[i % len(calls)], payload, window, timeout),
+                        args=(calls[i % len(calls)], payload, window, deadline_s),
                     )
                     for i in range(args.concurrency)
                 ]

@@ -144,7 +144,7 @@ class SoakLoad:
             if roll < m.cancel:
                 await self._predict(stub, rng, "predict_cancelled", cancel_after=rng.random() / 500)
             elif roll < m.cancel + m.deadline:
-                await self._predict(stub, rng, "predict_deadline", timeout=rng.random() / 500)
+                await self._predict(stub, rng, "predict_deadline", deadline_s=rng.random() / 500)
             elif roll < m.cancel + m.deadline + m.bad:
                 await self._bad(stub, rng)
             else:
@@ -157,12 +157,12 @@ class SoakLoad:
         kind: str,
         *,
         cancel_after: float | None = None,
-        timeout: float | None = 30.0,
+        deadline_s: float | None = 30.0,
         request: pb.PredictRequest | None = None,
     ) -> None:
         if request is None:
             request = rng.choice(self.models).request(rng)
-        call = stub.Predict(request, timeout=timeout)
+        call = stub.Predict(request, timeout=deadline_s)
         if cancel_after is not None:
             asyncio.get_running_loop().call_later(cancel_after, call.cancel)
         try:
