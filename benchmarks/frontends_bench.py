@@ -250,7 +250,16 @@ def wait_until_ready(procs: ProcessGroup, server: Server) -> None:
 
 def frontend_connections(server: Server) -> dict[str, int]:
     """Established connections on the server's port that each frontend holds now."""
-    port = int(server.target.rpartition(":")[2])
+    inodes = _established_inodes(int(server.target.rpartition(":")[2]))
+    return {
+        role: _sockets_held(pid, inodes)
+        for role, pid in server.parts
+        if role.startswith("frontend")
+    }
+
+
+def _established_inodes(port: int) -> set[str]:
+    """The socket inodes of the established TCP connections on local `port`."""
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -263,23 +272,23 @@ def frontend_connections(server: Server) -> dict[str, int]:
             # local address is HEX_IP:HEX_PORT; state 01 is ESTABLISHED.
             if int(fields[1].rpartition(":")[2], 16) == port and fields[3] == "01":
                 inodes.add(fields[9])
-    counts = {}
-    for role, pid in server.parts:
-        if not role.startswith("frontend"):
-            continue
-        held = 0
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if link.startswith("socket:[") and link[8:-1] in inodes:
-                    held += 1
-        except OSError:
-            pass
-        counts[role] = held
-    return counts
+    return inodes
+
+
+def _sockets_held(pid: int, inodes: set[str]) -> int:
+    """How many of the sockets `inodes` process `pid` has open (0 once it is gone)."""
+    held = 0
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                held += 1
+    except OSError:
+        pass
+    return held
 
 
 def batch_counters(target: str, model: str) -> dict[str, int] | None:
