@@ -653,195 +653,299 @@ def _cpu_per_token(daemon: Daemon, windows: list[Window]) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    exit_on_signals()
-    requests = 1 if args.quick else args.requests
-    counts: list[int] = args.streams
-    modes: list[int] = args.frontends
-    # 0: one connection per stream.
-    connections = args.connections or (1 if modes == [0] else 0)
-    model_dir = args.model_repository / MODEL
-    spec = read_generator_spec(model_dir)
-    started = datetime.now(UTC)
-    base = checkout(args.base) if args.base else None
-    if base is not None and (note := foreign_tensord_note()):
-        print(note, flush=True)
-    # Each daemon by its frontends count and whether it is the base's (--base).
-    keys: list[Key] = [(f, False) for f in modes]
-    if base is not None:
-        keys += [(f, True) for f in modes]
-    points: list[StreamPoint] = []
-    sequential_windows: dict[Key, list[Window]] = {k: [] for k in keys}
-    gains: dict[Key, list[float]] = {k: [] for k in keys}
-    threads = _engine_threads(args.model_repository)
-    rounds = 2 if args.quick else max(1, args.rounds)
-    cores = os.cpu_count() or 1
-    session = make_session(spec, threads)
-    with ProcessGroup() as procs, ExitStack() as stack:
-        daemons = [
-            _start_daemon(procs, stack, args.model_repository, f, base if of_base else None)
-            for f, of_base in keys
+@dataclass
+class Measured:
+    """What the rounds at one stream count gave, by daemon."""
+
+    windows: dict[Key, list[Window]]
+    paired: dict[Key, list[Round]]
+    outputs: dict[Key, list[tuple[int, list[int]]]]
+    """(prompt index, tokens) of every request that ended OK, concurrent or alone."""
+
+    @classmethod
+    def of(cls, keys: list[Key]) -> Measured:
+        return cls({k: [] for k in keys}, {k: [] for k in keys}, {k: [] for k in keys})
+
+
+@dataclass
+class Bench:
+    """One run: its settings, its daemons by key, and what their rounds gave."""
+
+    args: argparse.Namespace
+    requests: int
+    """Requests per stream in a window (0: requests_per_stream's default)."""
+    connections: int
+    """TCP connections the streams spread over (0: one per stream)."""
+    spec: GeneratorSpec
+    started: datetime
+    base: Path | None
+    """REV's checkout (--base)."""
+    keys: list[Key]
+    threads: int
+    rounds: int
+    session: ort.InferenceSession
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    daemons: list[Daemon] = field(default_factory=list)
+    labels: dict[Key, str] = field(default_factory=dict)
+    points: list[StreamPoint] = field(default_factory=list)
+    sequential_windows: dict[Key, list[Window]] = field(default_factory=dict)
+    """The 16 requests of each round at N=16 served one at a time, by daemon."""
+    gains: dict[Key, list[float]] = field(default_factory=dict)
+    """Each round's concurrent over one-at-a-time tokens/s at N=16, by daemon."""
+
+    @classmethod
+    def prepare(cls, args: argparse.Namespace) -> Bench:
+        """The settings from the arguments, the model's spec, REV's checkout (--base) and
+        the plain loop's session."""
+        modes: list[int] = args.frontends
+        requests = 1 if args.quick else args.requests
+        # 0: one connection per stream.
+        connections = args.connections or (1 if modes == [0] else 0)
+        spec = read_generator_spec(args.model_repository / MODEL)
+        started = datetime.now(UTC)
+        base = checkout(args.base) if args.base else None
+        if base is not None and (note := foreign_tensord_note()):
+            print(note, flush=True)
+        # Each daemon by its frontends count and whether it is the base's (--base).
+        keys: list[Key] = [(f, False) for f in modes]
+        if base is not None:
+            keys += [(f, True) for f in modes]
+        threads = _engine_threads(args.model_repository)
+        rounds = 2 if args.quick else max(1, args.rounds)
+        session = make_session(spec, threads)
+        return cls(
+            args, requests, connections, spec, started, base, keys, threads, rounds, session,
+            sequential_windows={k: [] for k in keys}, gains={k: [] for k in keys},
+        )  # fmt: skip
+
+    @property
+    def modes(self) -> list[int]:
+        """The frontends counts (--frontends)."""
+        return list(self.args.frontends)
+
+    def start_daemons(self, procs: ProcessGroup, stack: ExitStack) -> None:
+        """Every daemon, at once; until each is serving."""
+        self.daemons = [
+            _start_daemon(
+                procs, stack, self.args.model_repository, f, self.base if of_base else None
+            )
+            for f, of_base in self.keys
         ]
-        labels = {_key(d): d.label for d in daemons}
+        self.labels = {_key(d): d.label for d in self.daemons}
         # The clients run on the daemon's default loop (uvloop where installed): the cheaper
         # the client per chunk, the less it takes from the daemon on a small host.
-        for d in daemons:
+        for d in self.daemons:
             run(_wait_ready(d.server.target))
-        for n in counts:
-            prompts = sample_prompts(spec, n, args.prompt_len, seed=n)
-            links = min(connections or n, n)
-            windows: dict[Key, list[Window]] = {k: [] for k in keys}
-            paired: dict[Key, list[Round]] = {k: [] for k in keys}
-            outputs: dict[Key, list[tuple[int, list[int]]]] = {k: [] for k in keys}
-            per_stream = requests or requests_per_stream(n, args.new_tokens)
-            # One untimed round of each first: ONNX Runtime's arenas grow on the first
-            # passes at a new batch size and length, on both sides.
-            loop_tokens = greedy_with_past(session, spec, prompts, args.new_tokens).tokens
-            for d in daemons:
-                run(_streams(d.server.target, prompts, 1, args.new_tokens, True, links))
-            for r in range(rounds):
-                # The limit and the daemons back to back (the others idle meanwhile), over
-                # the same tokens, so each round's ratios compare like with like on a host
-                # whose speed drifts; the daemons take turns at going first.
-                limit, loop_tokens = _limit(session, spec, prompts, args.new_tokens, per_stream)
-                for d in daemons[r % len(daemons) :] + daemons[: r % len(daemons)]:
-                    k = _key(d)
-                    window = run(
-                        _streams(
-                            d.server.target,
-                            prompts,
-                            per_stream,
-                            args.new_tokens,
-                            True,
-                            links,
-                            _watch(d, daemons),
-                            d.server,
-                        )
-                    )
-                    windows[k].append(window)
-                    outputs[k] += window.outputs
-                    paired[k].append(
-                        Round(
-                            window.tokens_per_s,
-                            limit,
-                            window.tokens_per_s / limit,
-                            window.cpu_s["steal"] / (window.wall_s * cores),
-                            window.cpu_s["other"] / window.wall_s,
-                            frontend_connections=window.frontend_connections,
-                        )
-                    )
-                    if n == 16:
-                        alone = run(
-                            _streams(d.server.target, prompts, 1, args.new_tokens, False, links)
-                        )
-                        sequential_windows[k].append(alone)
-                        outputs[k] += alone.outputs
-                        gains[k].append(window.tokens_per_s / alone.tokens_per_s)
-                for f, of_base in keys:
-                    last = paired[(f, of_base)][-1]
-                    if 0 in modes:
-                        last.vs_one_process = (
-                            last.tokens_per_s / paired[(0, of_base)][-1].tokens_per_s
-                        )
-                    if base is not None and not of_base:
-                        last.vs_base = last.tokens_per_s / paired[(f, True)][-1].tokens_per_s
-            first: dict[int, list[int]] = {}
-            for index, tokens in outputs[keys[0]]:
-                first.setdefault(index, tokens)
-            for d in daemons:
-                k = _key(d)
-                point = _summarise(n, per_stream, windows[k])
-                point.rounds = paired[k]
-                # tok/s and limit of the round with the median ratio (with an odd number of
-                # rounds, the default, ratio = tok/s / limit in the table).
-                middle = sorted(paired[k], key=lambda r: r.ratio)[len(paired[k]) // 2]
-                point.tokens_per_s = middle.tokens_per_s
-                point.limit_tokens_per_s = middle.limit_tokens_per_s
-                point.ratio = statistics.median(r.ratio for r in paired[k])
-                point.frontends, point.base = k
-                point.connections = links
-                if 0 in modes:
-                    point.vs_one_process = statistics.median(
-                        r.vs_one_process or 0.0 for r in paired[k]
-                    )
-                if base is not None and not point.base:
-                    point.vs_base = statistics.median(r.vs_base or 0.0 for r in paired[k])
-                point.cpu_us_per_token = _cpu_per_token(d, windows[k])
-                point.tokens_check = _check_tokens(
-                    outputs[k], loop_tokens, first if k != keys[0] else None, labels[keys[0]]
+
+    def measure(self, n: int) -> None:
+        """Every daemon at `n` streams: an untimed round, the paired rounds, then a point
+        for each daemon, printed as it comes."""
+        args = self.args
+        prompts = sample_prompts(self.spec, n, args.prompt_len, seed=n)
+        links = min(self.connections or n, n)
+        per_stream = self.requests or requests_per_stream(n, args.new_tokens)
+        measured = Measured.of(self.keys)
+        # One untimed round of each first: ONNX Runtime's arenas grow on the first
+        # passes at a new batch size and length, on both sides.
+        loop_tokens = greedy_with_past(self.session, self.spec, prompts, args.new_tokens).tokens
+        for d in self.daemons:
+            run(_streams(d.server.target, prompts, 1, args.new_tokens, True, links))
+        for r in range(self.rounds):
+            loop_tokens = self._round(r, n, prompts, per_stream, links, measured)
+        first: dict[int, list[int]] = {}
+        for index, tokens in measured.outputs[self.keys[0]]:
+            first.setdefault(index, tokens)
+        for d in self.daemons:
+            self.points.append(self._point(d, n, per_stream, links, measured, loop_tokens, first))
+            self._print_rounds(d, n, measured.paired[_key(d)])
+
+    def _round(
+        self,
+        r: int,
+        n: int,
+        prompts: list[list[int]],
+        per_stream: int,
+        links: int,
+        measured: Measured,
+    ) -> list[list[int]]:
+        """The limit and the daemons back to back (the others idle meanwhile), over
+        the same tokens, so each round's ratios compare like with like on a host
+        whose speed drifts; the daemons take turns at going first. Returns the plain
+        loop's tokens for each prompt."""
+        limit, loop_tokens = _limit(
+            self.session, self.spec, prompts, self.args.new_tokens, per_stream
+        )
+        turn = r % len(self.daemons)
+        for d in self.daemons[turn:] + self.daemons[:turn]:
+            self._daemon_round(d, n, prompts, per_stream, links, limit, measured)
+        for f, of_base in self.keys:
+            last = measured.paired[(f, of_base)][-1]
+            if 0 in self.modes:
+                last.vs_one_process = (
+                    last.tokens_per_s / measured.paired[(0, of_base)][-1].tokens_per_s
                 )
-                points.append(point)
-                where = f"{n} streams" if len(keys) == 1 else f"{n} streams, {d.label}"
-                print(
-                    f"{where}: tensord / limit per round: "
-                    + ", ".join(
-                        f"{r.tokens_per_s:.0f} / {r.limit_tokens_per_s:.0f} = {r.ratio:.2f}"
-                        + (f" (steal {r.steal:.0%})" if r.steal >= 0.01 else "")
-                        for r in paired[k]
-                    ),
-                    flush=True,
-                )
-                if n == 16:
-                    print(
-                        f"{where}: concurrent / one at a time per round: "
-                        + ", ".join(f"{g:.2f}x" for g in gains[k]),
-                        flush=True,
-                    )
-        described = {d.server.name: d.describe() for d in daemons}
-        for d in daemons:
-            described[d.server.name]["stopped"] = d.stop(procs)
-        notes = daemon_log_notes(daemons)
-        procs.stop_all()
-    for name, info in described.items():
-        stopped = info["stopped"]
-        if stopped["exit_code"] or stopped["processes_left"]:
-            notes.setdefault(name, []).append({"event": "bench.unclean_stop", **stopped})
-    by_mode: dict[Key, dict[str, Any]] = {}
-    for k in keys:
-        seq = _summarise(1, 16, sequential_windows[k]) if sequential_windows[k] else None
-        by_mode[k] = {
-            "label": labels[k],
-            "sequential_16": seq,
-            "batching_gain_16": statistics.median(gains[k]) if gains[k] else None,
-            "batching_gains_16": gains[k],
-        }
-    for k in keys:
-        if len(keys) > 1:
-            print(f"\n{labels[k]}:")
-        mode_points = [p for p in points if _point_key(p) == k]
-        print(_render(mode_points, by_mode[k]["sequential_16"], by_mode[k]["batching_gain_16"]))
-    print()
-    print(_render_modes(points, labels))
-    against_base = compare_base(points) if base is not None else []
-    if base is not None:
+            if self.base is not None and not of_base:
+                last.vs_base = last.tokens_per_s / measured.paired[(f, True)][-1].tokens_per_s
+        return loop_tokens
+
+    def _daemon_round(
+        self,
+        d: Daemon,
+        n: int,
+        prompts: list[list[int]],
+        per_stream: int,
+        links: int,
+        limit: float,
+        measured: Measured,
+    ) -> None:
+        """One daemon's measured window of a round (and at N=16 the same requests one at
+        a time)."""
+        args = self.args
+        k = _key(d)
+        window = run(
+            _streams(
+                d.server.target,
+                prompts,
+                per_stream,
+                args.new_tokens,
+                True,
+                links,
+                _watch(d, self.daemons),
+                d.server,
+            )
+        )
+        measured.windows[k].append(window)
+        measured.outputs[k] += window.outputs
+        measured.paired[k].append(
+            Round(
+                window.tokens_per_s,
+                limit,
+                window.tokens_per_s / limit,
+                window.cpu_s["steal"] / (window.wall_s * self.cores),
+                window.cpu_s["other"] / window.wall_s,
+                frontend_connections=window.frontend_connections,
+            )
+        )
+        if n == 16:
+            alone = run(_streams(d.server.target, prompts, 1, args.new_tokens, False, links))
+            self.sequential_windows[k].append(alone)
+            measured.outputs[k] += alone.outputs
+            self.gains[k].append(window.tokens_per_s / alone.tokens_per_s)
+
+    def _point(
+        self,
+        d: Daemon,
+        n: int,
+        per_stream: int,
+        links: int,
+        measured: Measured,
+        loop_tokens: list[list[int]],
+        first: dict[int, list[int]],
+    ) -> StreamPoint:
+        """One daemon's figures at `n` streams over the rounds."""
+        k = _key(d)
+        paired = measured.paired[k]
+        point = _summarise(n, per_stream, measured.windows[k])
+        point.rounds = paired
+        # tok/s and limit of the round with the median ratio (with an odd number of
+        # rounds, the default, ratio = tok/s / limit in the table).
+        middle = sorted(paired, key=lambda r: r.ratio)[len(paired) // 2]
+        point.tokens_per_s = middle.tokens_per_s
+        point.limit_tokens_per_s = middle.limit_tokens_per_s
+        point.ratio = statistics.median(r.ratio for r in paired)
+        point.frontends, point.base = k
+        point.connections = links
+        if 0 in self.modes:
+            point.vs_one_process = statistics.median(r.vs_one_process or 0.0 for r in paired)
+        if self.base is not None and not point.base:
+            point.vs_base = statistics.median(r.vs_base or 0.0 for r in paired)
+        point.cpu_us_per_token = _cpu_per_token(d, measured.windows[k])
+        first_key = self.keys[0]
+        point.tokens_check = _check_tokens(
+            measured.outputs[k], loop_tokens, first if k != first_key else None,
+            self.labels[first_key],
+        )  # fmt: skip
+        return point
+
+    def _print_rounds(self, d: Daemon, n: int, paired: list[Round]) -> None:
+        where = f"{n} streams" if len(self.keys) == 1 else f"{n} streams, {d.label}"
+        print(
+            f"{where}: tensord / limit per round: "
+            + ", ".join(
+                f"{r.tokens_per_s:.0f} / {r.limit_tokens_per_s:.0f} = {r.ratio:.2f}"
+                + (f" (steal {r.steal:.0%})" if r.steal >= 0.01 else "")
+                for r in paired
+            ),
+            flush=True,
+        )
+        if n == 16:
+            print(
+                f"{where}: concurrent / one at a time per round: "
+                + ", ".join(f"{g:.2f}x" for g in self.gains[_key(d)]),
+                flush=True,
+            )
+
+    def by_mode(self) -> dict[Key, dict[str, Any]]:
+        """Each daemon's label and its one-at-a-time figures at N=16."""
+        by_mode: dict[Key, dict[str, Any]] = {}
+        for k in self.keys:
+            windows = self.sequential_windows[k]
+            gains = self.gains[k]
+            by_mode[k] = {
+                "label": self.labels[k],
+                "sequential_16": _summarise(1, 16, windows) if windows else None,
+                "batching_gain_16": statistics.median(gains) if gains else None,
+                "batching_gains_16": gains,
+            }
+        return by_mode
+
+    def report(
+        self, by_mode: dict[Key, dict[str, Any]], notes: dict[str, list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        """Print the tables, the token check, the daemons' log lines and the warnings;
+        returns the comparison with the base daemons (--base)."""
+        for k in self.keys:
+            if len(self.keys) > 1:
+                print(f"\n{self.labels[k]}:")
+            mode_points = [p for p in self.points if _point_key(p) == k]
+            print(_render(mode_points, by_mode[k]["sequential_16"], by_mode[k]["batching_gain_16"]))
         print()
-        print(_render_base(against_base, labels, f"{args.base} ({base.name})"))
-    lines = _token_lines(points, labels, keys[0]) + log_lines(notes)
-    print("\n".join(lines + _warning_lines(points, labels)))
-    first_mode = by_mode[keys[0]]
-    write_results(
-        REPO,
-        args.results_dir,
-        "generate",
-        started,
-        {
+        print(_render_modes(self.points, self.labels))
+        against_base = compare_base(self.points) if self.base is not None else []
+        if self.base is not None:
+            print()
+            print(_render_base(against_base, self.labels, f"{self.args.base} ({self.base.name})"))
+        lines = _token_lines(self.points, self.labels, self.keys[0]) + log_lines(notes)
+        print("\n".join(lines + _warning_lines(self.points, self.labels)))
+        return against_base
+
+    def results(
+        self,
+        by_mode: dict[Key, dict[str, Any]],
+        against_base: list[dict[str, Any]],
+        described: dict[str, dict[str, Any]],
+        notes: dict[str, list[dict[str, Any]]],
+    ) -> dict[str, Any]:
+        """What benchmarks/results/generate-<timestamp>.json holds."""
+        args, base = self.args, self.base
+        first_mode = by_mode[self.keys[0]]
+        return {
             "settings": {
-                "streams": counts,
-                "requests_per_stream": requests or "auto",
-                "rounds": rounds,
+                "streams": args.streams,
+                "requests_per_stream": self.requests or "auto",
+                "rounds": self.rounds,
                 "prompt_len": args.prompt_len,
                 "new_tokens": args.new_tokens,
                 "targets": TARGETS,
                 "batching_gain_target": BATCHING_GAIN_TARGET,
-                "intra_op_threads": threads,
-                "frontends": modes,
-                "connections": connections or "one per stream",
+                "intra_op_threads": self.threads,
+                "frontends": self.modes,
+                "connections": self.connections or "one per stream",
                 "base": {"rev": args.base, "commit": base.name, "checkout": str(base)}
                 if base is not None
                 else None,
             },
-            "points": [asdict(p) for p in points],
+            "points": [asdict(p) for p in self.points],
             "sequential_16": asdict(first_mode["sequential_16"])
             if first_mode["sequential_16"]
             else None,
@@ -857,8 +961,37 @@ def main(argv: list[str] | None = None) -> int:
             "against_base": against_base,
             "daemons": described,
             "daemon_log": notes,
-        },
-    )
+        }
+
+
+def _note_unclean_stops(
+    described: dict[str, dict[str, Any]], notes: dict[str, list[dict[str, Any]]]
+) -> None:
+    """A daemon that exited non-zero or left a process behind gets a note in its log's."""
+    for name, info in described.items():
+        stopped = info["stopped"]
+        if stopped["exit_code"] or stopped["processes_left"]:
+            notes.setdefault(name, []).append({"event": "bench.unclean_stop", **stopped})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    exit_on_signals()
+    bench = Bench.prepare(args)
+    with ProcessGroup() as procs, ExitStack() as stack:
+        bench.start_daemons(procs, stack)
+        for n in args.streams:
+            bench.measure(n)
+        described = {d.server.name: d.describe() for d in bench.daemons}
+        for d in bench.daemons:
+            described[d.server.name]["stopped"] = d.stop(procs)
+        notes = daemon_log_notes(bench.daemons)
+        procs.stop_all()
+    _note_unclean_stops(described, notes)
+    by_mode = bench.by_mode()
+    against_base = bench.report(by_mode, notes)
+    results = bench.results(by_mode, against_base, described, notes)
+    write_results(REPO, args.results_dir, "generate", bench.started, results)
     return 0
 
 
