@@ -61,13 +61,6 @@ async def rest(call: Any) -> list[bytes]:
     return chunks
 
 
-async def until(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 def test_stream_slots_refuse_beyond_the_limit_and_free_on_any_end() -> None:
     slots = StreamSlots(2)
     with slots.held(), slots.held():
