@@ -20,11 +20,14 @@ class Recorder:
 
     def __init__(self) -> None:
         self.batches: list[list[int]] = []
+        self.ran = asyncio.Event()
+        """Set once a batch has begun."""
         self.gate = asyncio.Event()
         self.gate.set()
 
     async def __call__(self, parts: list[dict[str, np.ndarray]], names: Sequence[str]) -> RunResult:
         self.batches.append([p["x"].shape[0] for p in parts])
+        self.ran.set()
         await self.gate.wait()
         x = join_into(parts, lambda n: np.empty(n, np.uint8))["x"]
         return RunResult([x * 3], 0.0, 0.0)
@@ -286,8 +289,7 @@ async def test_a_request_that_expires_while_its_batch_runs_is_not_served() -> No
     kept = asyncio.create_task(batcher.submit(rows(1), ["y"], None))
     late = asyncio.create_task(batcher.submit(rows(2), ["y"], time.monotonic() + 0.3))
     async with asyncio.timeout(5):  # the batch closes after 0.01 s, well before late's deadline
-        while not rec.batches:
-            await asyncio.sleep(0.005)
+        await rec.ran.wait()
     assert rec.batches == [[1, 2]]  # joined, and running
     with pytest.raises(DeadlineExceededError):
         await late
