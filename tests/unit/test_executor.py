@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -191,11 +191,17 @@ async def test_executor_runs_joins_and_counts() -> None:
     executor.close()
 
 
+async def until(condition: Callable[[], object]) -> None:
+    """Until `condition()` holds, within 5 s: the lanes change the executor's stats on
+    their own threads, and nothing tells the event loop when."""
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
 async def until_running(executor: CpuExecutor) -> None:
     """Until a lane has taken a run (a lane thread may wake late on a loaded host)."""
-    async with asyncio.timeout(5):
-        while not executor.stats().running:
-            await asyncio.sleep(0.005)
+    await until(lambda: executor.stats().running)
 
 
 async def test_executor_deadline_in_queue() -> None:
@@ -282,8 +288,7 @@ async def test_a_deadline_that_passes_while_running_is_answered_on_time() -> Non
     # it is still running.
     assert time.monotonic() - start < 1.0
     assert executor.stats().running == 1
-    while executor.stats().running:  # the run ends on its own; its answer goes nowhere
-        await asyncio.sleep(0.05)
+    await until(lambda: not executor.stats().running)  # it ends; its answer goes nowhere
     executor.close()
 
 
@@ -319,8 +324,7 @@ async def test_terminate_runs_cuts_an_onnx_runtime_run_short(tmp_path: Path) -> 
     executor = CpuExecutor("slow", backend, lanes=1)
     x = np.full((2048, 1024), 0.01, np.float32)
     long_run = asyncio.create_task(executor.run([{"x": x}], ["y"]))
-    while not executor.stats().running:
-        await asyncio.sleep(0.005)
+    await until_running(executor)
     await asyncio.sleep(0.1)
     start = time.monotonic()
     executor.terminate_runs()
