@@ -48,53 +48,68 @@ def setup(demo_repo: Path, tmp_path: Path) -> Path:
     return config
 
 
+def wait_started(listener: NotifyListener, log: Path, process: subprocess.Popen[str]) -> str:
+    """The port from the first STATUS= line (the log names the same), then READY=1 with
+    every model serving; returns the port."""
+    first = listener.wait_for("STATUS", timeout=60)
+    announced = re.fullmatch(r"loading models; listening on port ([1-9][0-9]*)", first["STATUS"])
+    assert announced is not None and set(first) == {"STATUS"}, first
+    port = announced[1]  # the port the kernel gave 127.0.0.1:0
+    assert listening_port(log, process) == int(port)  # the log agrees
+    ready = listener.wait_for("READY")
+    assert ready == {"READY": "1", "STATUS": f"serving on port {port}: 4 ready"}
+    with Client(f"127.0.0.1:{port}", timeout=10, retries=0) as client:  # READY means serving
+        assert client.health().status == 1  # SERVING
+    return port
+
+
+def reload_a_new_model(
+    process: subprocess.Popen[str], listener: NotifyListener, models: Path, port: str
+) -> None:
+    """A new model and SIGHUP: RELOADING=1 (with the monotonic time), then READY=1."""
+    build_identity(models / "added" / "1" / "model.onnx", TensorProto.FLOAT)
+    sent_at = monotonic_usec()
+    process.send_signal(signal.SIGHUP)
+    reloading = listener.wait_for("RELOADING")
+    assert reloading["RELOADING"] == "1"
+    assert sent_at <= int(reloading["MONOTONIC_USEC"]) <= monotonic_usec()
+    assert reloading["STATUS"] == "reloading the configuration and the model repository"
+    reloaded = listener.wait_for("READY")
+    assert reloaded["STATUS"] == f"serving on port {port}: 5 ready"
+    with Client(f"127.0.0.1:{port}", timeout=10, retries=0) as client:
+        x = np.ones((1, 4), np.float32)
+        assert client.predict("added", {"x": x})["y"].tolist() == x.tolist()
+
+
+def reload_a_broken_config(
+    process: subprocess.Popen[str], listener: NotifyListener, config: Path, port: str
+) -> None:
+    """A broken config on SIGHUP: the running one stays, the status says so."""
+    good = config.read_text()
+    config.write_text(good + "unknown_key = 1\n")
+    process.send_signal(signal.SIGHUP)
+    listener.wait_for("RELOADING")
+    rejected = listener.wait_for("READY")
+    assert rejected["STATUS"] == (
+        f"serving on port {port}: 5 ready; the last reload had errors (see the log)"
+    )
+    with Client(f"127.0.0.1:{port}", timeout=10, retries=0) as client:
+        assert client.health().status == 1
+
+
 def test_ready_watchdog_reload_and_stopping(setup: Path, tmp_path: Path) -> None:
     config = setup
     listener = NotifyListener()
     process = serve(config, listener, tmp_path / "tensord.log", WATCHDOG_USEC="1000000")
     try:
-        first = listener.wait_for("STATUS", timeout=60)
-        announced = re.fullmatch(
-            r"loading models; listening on port ([1-9][0-9]*)", first["STATUS"]
-        )
-        assert announced is not None and set(first) == {"STATUS"}, first
-        port = announced[1]  # the port the kernel gave 127.0.0.1:0
-        assert listening_port(tmp_path / "tensord.log", process) == int(port)  # the log agrees
-        target = f"127.0.0.1:{port}"
-        ready = listener.wait_for("READY")
-        assert ready == {"READY": "1", "STATUS": f"serving on port {port}: 4 ready"}
-        with Client(target, timeout=10, retries=0) as client:  # READY means serving
-            assert client.health().status == 1  # SERVING
+        port = wait_started(listener, tmp_path / "tensord.log", process)
 
         # Keep-alives every 0.5 s, each after a Health call answered.
         pings = [m for m in listener.drain(2.2) if m == {"WATCHDOG": "1"}]
         assert 3 <= len(pings) <= 6
 
-        # A new model and SIGHUP: RELOADING=1 (with the monotonic time), then READY=1.
-        build_identity(tmp_path / "models" / "added" / "1" / "model.onnx", TensorProto.FLOAT)
-        sent_at = monotonic_usec()
-        process.send_signal(signal.SIGHUP)
-        reloading = listener.wait_for("RELOADING")
-        assert reloading["RELOADING"] == "1"
-        assert sent_at <= int(reloading["MONOTONIC_USEC"]) <= monotonic_usec()
-        assert reloading["STATUS"] == "reloading the configuration and the model repository"
-        reloaded = listener.wait_for("READY")
-        assert reloaded["STATUS"] == f"serving on port {port}: 5 ready"
-        with Client(target, timeout=10, retries=0) as client:
-            x = np.ones((1, 4), np.float32)
-            assert client.predict("added", {"x": x})["y"].tolist() == x.tolist()
-
-        # A broken config on SIGHUP: the running one stays, the status says so.
-        good = config.read_text()
-        config.write_text(good + "unknown_key = 1\n")
-        process.send_signal(signal.SIGHUP)
-        listener.wait_for("RELOADING")
-        rejected = listener.wait_for("READY")
-        assert rejected["STATUS"] == (
-            f"serving on port {port}: 5 ready; the last reload had errors (see the log)"
-        )
-        with Client(target, timeout=10, retries=0) as client:
-            assert client.health().status == 1
+        reload_a_new_model(process, listener, tmp_path / "models", port)
+        reload_a_broken_config(process, listener, config, port)
 
         process.send_signal(signal.SIGTERM)
         stopping = listener.wait_for("STOPPING")
