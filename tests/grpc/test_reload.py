@@ -112,98 +112,120 @@ def _wait(condition, timeout: float = 30) -> None:  # type: ignore[no-untyped-de
         time.sleep(0.02)
 
 
-def test_reload_under_load_adds_changes_and_removes_without_failures(
-    server: ServerThread, repo: Path
-) -> None:
-    assert server.server is not None
-    registry = server.server.registry
-    load = Load(server.target).start()
-    slow_result: dict[str, object] = {}
+def slow_call(target: str) -> tuple[threading.Thread, dict[str, object]]:
+    """A long request on `gone`, on a thread of its own; the dict gets its output (or its
+    error)."""
+    result: dict[str, object] = {}
 
-    def slow_call() -> None:
-        with Client(server.target, timeout=60, retries=0) as client:
+    def call() -> None:
+        with Client(target, timeout=60, retries=0) as client:
             x = np.full((256, 1024), 0.01, np.float32)
             try:
-                slow_result["y"] = client.predict("gone", {"x": x})["y"]
+                result["y"] = client.predict("gone", {"x": x})["y"]
             except grpc.RpcError as exc:
-                slow_result["error"] = f"{exc.code().name}: {exc.details()}"
+                result["error"] = f"{exc.code().name}: {exc.details()}"
 
-    try:
-        _wait(lambda: load.ok["swap"] > 10 and load.ok["mlp"] > 10)
-        assert len(load.swap_outputs) == 1
-        before = next(iter(load.swap_outputs))
-        # Runs are queued on swap's single lane when it is swapped.
-        executor = registry.get("swap").executor
-        assert executor is not None
-        _wait(lambda: executor.stats().queue_depth > 2)
-        old_swap = registry.get("swap")
-        # A long request on the model about to be removed is running when the reload starts.
-        slow = threading.Thread(target=slow_call)
-        slow.start()
-        _wait(lambda: registry.get("gone").inflight.count == 1)
-        shutil.rmtree(repo / "gone")
-        _replace_file(lambda p: build_swap(p, 25), repo / "swap" / "1" / "model.onnx")
-        build_identity(repo / "new" / "1" / "model.onnx", TensorProto.INT32)
-        result = server.call(server.server.reload())
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, result
 
-        assert result.ok, result
-        assert result.models is not None
-        assert result.models.added == ["new v1"]
-        assert result.models.changed == ["swap v1"]
-        assert result.models.removed == ["gone v1"]
-        assert result.models.unchanged == 1  # mlp
-        # The new swap model answers from now on (the old one drains on the side).
-        # The old swap is freed once the requests queued on it have been answered; from
-        # then on only the new model answers.
-        _wait(lambda: old_swap.executor is None)
-        assert old_swap.inflight.count == 0
-        with Client(server.target, timeout=10, retries=0) as client:
-            after = {float(client.predict("swap", {"x": SWAP_X})["y"][3, 7]) for _ in range(5)}
-        assert len(after) == 1 and before not in after
-        seen = load.ok["swap"]
-        _wait(lambda: load.ok["swap"] > seen + 20)
-        # Every answer under load came from one of the two files.
-        assert load.swap_outputs == {before, *after}
 
-        slow.join(60)
-        assert "error" not in slow_result, slow_result
-        assert np.asarray(slow_result["y"]).shape == (256, 1024)
-        _wait(lambda: "gone" not in registry.names())
+def reload_under_load(server: ServerThread, repo: Path, load: Load) -> None:
+    """`gone` removed while a long call runs on it, `swap` changed while runs queue on its
+    one lane, `new` added: the old swap drains on the side, then only the new one answers,
+    and the long call finishes."""
+    assert server.server is not None
+    registry = server.server.registry
+    _wait(lambda: load.ok["swap"] > 10 and load.ok["mlp"] > 10)
+    assert len(load.swap_outputs) == 1
+    before = next(iter(load.swap_outputs))
+    # Runs are queued on swap's single lane when it is swapped.
+    executor = registry.get("swap").executor
+    assert executor is not None
+    _wait(lambda: executor.stats().queue_depth > 2)
+    old_swap = registry.get("swap")
+    # A long request on the model about to be removed is running when the reload starts.
+    slow, slow_result = slow_call(server.target)
+    _wait(lambda: registry.get("gone").inflight.count == 1)
+    shutil.rmtree(repo / "gone")
+    _replace_file(lambda p: build_swap(p, 25), repo / "swap" / "1" / "model.onnx")
+    build_identity(repo / "new" / "1" / "model.onnx", TensorProto.INT32)
+    result = server.call(server.server.reload())
 
-        # Second reload: settings of `swap` change (batching on) and it swaps again.
-        (repo / "swap" / "model.toml").write_text(
-            "max_batch_size = 16\ninstance_count = 1\n"
-            "[dynamic_batching]\nmax_queue_delay_microseconds = 500\n"
-        )
-        again = server.call(server.server.reload())
-        assert again.ok and again.models is not None
-        assert again.models.changed == ["swap v1"] and again.models.unchanged == 2
-        assert registry.get("swap").batcher is not None
-        seen = load.ok["swap"]
-        _wait(lambda: load.ok["swap"] > seen + 20)
-
-        # A reload with nothing changed touches nothing.
-        quiet = server.call(server.server.reload())
-        assert quiet.models is not None and quiet.models.unchanged == 3
-        assert quiet.models.changed == quiet.models.added == quiet.models.removed == []
-    finally:
-        load.finish()
-    assert load.errors == []
-    assert load.ok["mlp"] > 20 and load.ok["swap"] > 80
-
+    assert result.ok, result
+    assert result.models is not None
+    assert result.models.added == ["new v1"]
+    assert result.models.changed == ["swap v1"]
+    assert result.models.removed == ["gone v1"]
+    assert result.models.unchanged == 1  # mlp
+    # The new swap model answers from now on (the old one drains on the side).
+    # The old swap is freed once the requests queued on it have been answered; from
+    # then on only the new model answers.
+    _wait(lambda: old_swap.executor is None)
+    assert old_swap.inflight.count == 0
     with Client(server.target, timeout=10, retries=0) as client:
+        after = {float(client.predict("swap", {"x": SWAP_X})["y"][3, 7]) for _ in range(5)}
+    assert len(after) == 1 and before not in after
+    seen = load.ok["swap"]
+    _wait(lambda: load.ok["swap"] > seen + 20)
+    # Every answer under load came from one of the two files.
+    assert load.swap_outputs == {before, *after}
+
+    slow.join(60)
+    assert "error" not in slow_result, slow_result
+    assert np.asarray(slow_result["y"]).shape == (256, 1024)
+    _wait(lambda: "gone" not in registry.names())
+
+
+def reload_batching_on_then_nothing(server: ServerThread, repo: Path, load: Load) -> None:
+    """Settings of `swap` change (batching on) and it swaps again; then a reload with
+    nothing changed touches nothing."""
+    assert server.server is not None
+    (repo / "swap" / "model.toml").write_text(
+        "max_batch_size = 16\ninstance_count = 1\n"
+        "[dynamic_batching]\nmax_queue_delay_microseconds = 500\n"
+    )
+    again = server.call(server.server.reload())
+    assert again.ok and again.models is not None
+    assert again.models.changed == ["swap v1"] and again.models.unchanged == 2
+    assert server.server.registry.get("swap").batcher is not None
+    seen = load.ok["swap"]
+    _wait(lambda: load.ok["swap"] > seen + 20)
+
+    quiet = server.call(server.server.reload())
+    assert quiet.models is not None and quiet.models.unchanged == 3
+    assert quiet.models.changed == quiet.models.added == quiet.models.removed == []
+
+
+def assert_new_served_and_gone(target: str) -> None:
+    """`new` answers and is SERVING; `gone` is NOT_FOUND, and NOT_SERVING in health."""
+    with Client(target, timeout=10, retries=0) as client:
         y = client.predict("new", {"x": np.array([[1, 2, 3, 4]], np.int32)})["y"]
         assert y.tolist() == [[1, 2, 3, 4]]
         with pytest.raises(grpc.RpcError) as gone:
             client.predict("gone", {"x": np.zeros((1, 1024), np.float32)})
         assert gone.value.code() is grpc.StatusCode.NOT_FOUND
         assert [m.name for m in client.health().models] == ["mlp", "new", "swap"]
-    with grpc.insecure_channel(server.target) as channel:
+    with grpc.insecure_channel(target) as channel:
         check = health_pb2_grpc.HealthStub(channel).Check
         answer = check(health_pb2.HealthCheckRequest(service="tensord.model.gone"), timeout=5)
         assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
         answer = check(health_pb2.HealthCheckRequest(service="tensord.model.new"), timeout=5)
         assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reload_under_load_adds_changes_and_removes_without_failures(
+    server: ServerThread, repo: Path
+) -> None:
+    load = Load(server.target).start()
+    try:
+        reload_under_load(server, repo, load)
+        reload_batching_on_then_nothing(server, repo, load)
+    finally:
+        load.finish()
+    assert load.errors == []
+    assert load.ok["mlp"] > 20 and load.ok["swap"] > 80
+    assert_new_served_and_gone(server.target)
 
 
 def test_a_changed_model_that_fails_to_load_keeps_the_old_one(
