@@ -273,7 +273,8 @@ async def test_a_request_ended_at_its_deadline_by_grpc_counts_as_expired() -> No
     await asyncio.sleep(0.01)  # holds the only instance
     queued = asyncio.create_task(batcher.submit(rows(1), ["y"], time.monotonic() + 0.05))
     await asyncio.sleep(0.01)
-    time.sleep(0.06)  # the deadline passes before the batcher's timer can run...
+    # The loop blocked on purpose: the deadline passes before the batcher's timer can run...
+    time.sleep(0.06)  # noqa: ASYNC251 - blocks the loop on purpose
     queued.cancel()  # ...and gRPC, whose own timer came first, cancels the call
     with pytest.raises(asyncio.CancelledError):
         await queued

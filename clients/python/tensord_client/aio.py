@@ -85,7 +85,7 @@ class AsyncClient:
         *,
         version: int = 0,
         outputs: Iterable[str] | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline; public API
         request_id: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Run `model` on named arrays; returns the named output arrays."""
@@ -107,7 +107,7 @@ class AsyncClient:
         *,
         version: int = 0,
         outputs: Iterable[str] | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline; public API
         request_id: str | None = None,
         typed: bool = False,
     ) -> pb.PredictResponse:
@@ -143,7 +143,12 @@ class AsyncClient:
         )
         return _chunks(call)
 
-    async def health(self, model: str = "", *, timeout: float | None = None) -> Health:
+    async def health(
+        self,
+        model: str = "",
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline; public API
+    ) -> Health:
         """Server and model health."""
         reply: pb.HealthResponse = await _unary(
             self._stub.Health,
@@ -153,7 +158,11 @@ class AsyncClient:
         )
         return Health.from_proto(reply)
 
-    async def info(self, *, timeout: float | None = None) -> Info:
+    async def info(
+        self,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline; public API
+    ) -> Info:
         """Server, devices, providers and models."""
         reply: pb.InfoResponse = await _unary(
             self._stub.Info, pb.InfoRequest(), timeout=self._deadline(timeout), metadata=self._auth
