@@ -33,7 +33,7 @@ help:
 	@echo "make gpu-wheels the wheels tests/gpu/run-offline.sh installs on an offline GPU host"
 	@echo "make gpu-ort-pack   onnxruntime-gpu cut to its CUDA provider, in checksummed parts for an offline GPU host"
 	@echo "make gpu-models the fp16 CUDA builder folder (and transformers' reference) GPU call 3 carries"
-	@echo "make lint       ruff (check, format), mypy and the layers contract (lint-imports)"
+	@echo "make lint       ruff (check, format), mypy, the layers contract (lint-imports) and the size limits (tools/check_sizes.py)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -243,6 +243,7 @@ lint: $(VENV)/.setup-dev
 	$(VENV)/bin/ruff format --check daemon clients/python tests benchmarks tools
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) tools/check_sizes.py
 
 clean:
 	rm -rf $(VENV) build protos/node_modules clients/node/node_modules
