@@ -128,6 +128,8 @@ class Child:
     alive_at: float = field(default_factory=time.monotonic)
     status: str = ""
     metrics_port: int = 0
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the process has exited (its pidfd was readable)."""
 
 
 class Supervisor:
@@ -240,6 +242,7 @@ class Supervisor:
 
     def _exited(self, child: Child) -> None:
         code = child.process.wait()
+        child.gone.set()
         child.control.close()
         if self.stopping:
             return
@@ -380,11 +383,14 @@ class Supervisor:
             self.engine.control.send({"op": "drain"})
             await self._wait_exit([self.engine], _KILL_AFTER_S)
 
-    async def _wait_exit(self, children: list[Child], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+    async def _wait_exit(self, children: list[Child], within: float) -> None:
+        """Until each child has exited (its pidfd says so), killing what is left after
+        `within` seconds."""
+        deadline = time.monotonic() + within
         for child in children:
-            while child.process.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await child.gone.wait()
             if child.process.poll() is None:
                 log.error("supervisor.killed", role=child.role, index=child.index)
                 child.process.kill()

@@ -109,12 +109,20 @@ class SlotPrefixIndex:
         if full <= entered:
             return
         hashes = update_block_hashes(request, self.block_size)
+        self._entered[request.request_id] = self._owe(slot, hashes, entered, full)
+
+    def _owe(self, slot: int, hashes: list[bytes], entered: int, full: int) -> int:
+        """Owe the store blocks entered..full-1 that it lacks, as runs of consecutive
+        positions; returns how far the request's prefix is entered now."""
         run: list[int] = []
         first = entered
         chain = set(hashes[:entered])
         for index in range(entered, full):
-            block = self.pool.get_cached_block(hashes[index])
-            if block is None:
+            if self.pool.get_cached_block(hashes[index]) is not None:
+                if run:
+                    self._saves.append(PrefixCopy(slot, first, tuple(run)))
+                    run = []
+            else:
                 evicted = self.pool.next_evicted()
                 if evicted is not None and evicted.block_hash in chain:
                     # Room only by evicting a block before it in this very prefix: this
@@ -124,19 +132,14 @@ class SlotPrefixIndex:
                 new = self.pool.get_new_blocks(1)
                 if new is None:  # every block is being copied: try again after the step
                     break
-                block = new[0]
-                self._saving.append((block, hashes[index]))
-                if not run:
-                    first = index
-                run.append(block.block_id)
-            elif run:
-                self._saves.append(PrefixCopy(slot, first, tuple(run)))
-                run = []
+                self._saving.append((new[0], hashes[index]))
+                first = first if run else index
+                run.append(new[0].block_id)
             chain.add(hashes[index])
             entered = index + 1
         if run:
             self._saves.append(PrefixCopy(slot, first, tuple(run)))
-        self._entered[request.request_id] = entered
+        return entered
 
     def forget(self, request: Request) -> None:
         """The request left its slot."""

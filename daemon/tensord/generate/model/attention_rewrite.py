@@ -161,33 +161,47 @@ def _to_softmax(
             return node, factor, softcap, passed
         scale = _factor(g, node, name)
         if scale is not None:
-            tanh = g.data_consumers(node.output[0])
-            if node.op_type == "Div" and len(tanh) == 1 and tanh[0].op_type == "Tanh":
-                back = g.data_consumers(tanh[0].output[0])
-                cap = 1.0 / scale
-                if len(back) == 1 and _factor(g, back[0], tanh[0].output[0]) == cap:
-                    softcap = cap
-                    passed += [tanh[0], back[0]]
-                    name = back[0].output[0]
-                    continue
+            capped = _softcap(g, node, scale)
+            if capped is not None:
+                softcap, cap_nodes = capped
+                passed += cap_nodes
+                name = cap_nodes[-1].output[0]
+                continue
             if softcap:  # the kernel scales before its cap, never after
                 raise RewriteDeclined(f"the scores {scores} are scaled after their soft-cap")
             factor *= scale
-        elif node.op_type == "Cast":
-            pass
         elif node.op_type == "Add" or (node.op_type == "Where" and node.input[2] == name):
-            # A mask added or applied by selection: the kernel's own causal and window
-            # bounds replace it, so it must carry nothing else (ALiBi slopes, a bias).
-            for operand in node.input:
-                if operand != name and _carries_weights(g, operand):
-                    raise RewriteDeclined(
-                        f"the scores {scores} get a {node.op_type} of more than a mask "
-                        "(a bias computed from weights, such as ALiBi)"
-                    )
-        else:
+            _check_mask(g, node, name, scores)
+        elif node.op_type != "Cast":
             raise RewriteDeclined(f"the scores {scores} pass a {node.op_type}")
         name = node.output[0]
     raise RewriteDeclined(f"the scores {scores} do not reach a Softmax")
+
+
+def _softcap(
+    g: _Graph, node: onnx.NodeProto, scale: float
+) -> tuple[float, list[onnx.NodeProto]] | None:
+    """A soft-cap starting at `node` (Div by the cap, Tanh, Mul by it): the cap and the
+    Tanh and Mul nodes; None for anything else."""
+    tanh = g.data_consumers(node.output[0])
+    if node.op_type != "Div" or len(tanh) != 1 or tanh[0].op_type != "Tanh":
+        return None
+    back = g.data_consumers(tanh[0].output[0])
+    cap = 1.0 / scale
+    if len(back) == 1 and _factor(g, back[0], tanh[0].output[0]) == cap:
+        return cap, [tanh[0], back[0]]
+    return None
+
+
+def _check_mask(g: _Graph, node: onnx.NodeProto, name: str, scores: str) -> None:
+    """A mask added to the scores, or applied by selection: the kernel's own causal and
+    window bounds replace it, so it must carry nothing else (ALiBi slopes, a bias)."""
+    for operand in node.input:
+        if operand != name and _carries_weights(g, operand):
+            raise RewriteDeclined(
+                f"the scores {scores} get a {node.op_type} of more than a mask "
+                "(a bias computed from weights, such as ALiBi)"
+            )
 
 
 def _to_output(g: _Graph, probs: str) -> tuple[str, list[onnx.NodeProto]]:
