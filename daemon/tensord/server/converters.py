@@ -111,8 +111,11 @@ def generate_response(chunk: RequestOutput) -> pb.GenerateResponse:
     return response
 
 
-def _blocks(stats: KVCacheStats | None, block_bytes: int) -> pb.KvCacheStatus | None:
-    """A block pool's state (None: there is none)."""
+def _blocks(
+    stats: KVCacheStats | None, block_bytes: int, total_bytes: int | None = None
+) -> pb.KvCacheStatus | None:
+    """A block pool's state (None: there is none); its bytes, blocks x block_bytes unless
+    given."""
     if stats is None:
         return None
     return pb.KvCacheStatus(
@@ -123,7 +126,7 @@ def _blocks(stats: KVCacheStats | None, block_bytes: int) -> pb.KvCacheStatus | 
         cached_blocks=stats.cached_blocks,
         utilization=stats.utilisation,
         block_bytes=block_bytes,
-        total_bytes=block_bytes * stats.total_blocks,
+        total_bytes=block_bytes * stats.total_blocks if total_bytes is None else total_bytes,
     )
 
 
@@ -138,16 +141,7 @@ def generator_status(g: GeneratorSnapshot) -> pb.GeneratorStatus:
         max_queue_size=g.max_queue_size,
         running=stats.running,
         waiting=stats.waiting,
-        kv_cache=pb.KvCacheStatus(
-            block_size=kv.block_size,
-            total_blocks=kv.total_blocks,
-            used_blocks=kv.used_blocks,
-            free_blocks=kv.free_blocks,
-            cached_blocks=kv.cached_blocks,
-            utilization=kv.utilisation,
-            block_bytes=g.block_bytes,
-            total_bytes=g.total_bytes,
-        ),
+        kv_cache=_blocks(kv, g.block_bytes, g.total_bytes),
         steps=stats.steps,
         generated_tokens=stats.generated_tokens,
         prefix_hit_tokens=stats.prefix_hit_tokens,
