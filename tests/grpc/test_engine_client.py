@@ -14,6 +14,7 @@ import pytest
 
 from tensord.config import TensordConfig, load_config
 from tensord.dataplane import DataPlane, GenerateCall, LocalEngine, SamplingParams
+from tensord.procs import messages
 from tensord.procs.engine import EngineHost
 from tensord.procs.remote import RemoteEngine
 from tensord.procs.ring import Ring
@@ -57,7 +58,7 @@ async def _linked(engine: LocalEngine, config: TensordConfig) -> AsyncGenerator[
     received = remote._received
 
     def recording(message: Any) -> None:
-        heard.extend(message[1] if message[0] == "batch" else [message])
+        heard.extend(message.messages if isinstance(message, messages.Batch) else [message])
         received(message)
 
     remote._received = recording  # type: ignore[method-assign]
@@ -101,12 +102,16 @@ def test_the_engine_sends_token_ids_and_the_frontend_makes_the_text(
             assert await _text(plane, max_tokens=24, ignore_eos=True) == (tokens, text, finish)
             again = await _text(plane, max_tokens=24, ignore_eos=True, stop=[stop])
             assert again[1:] == (stopped, "stop")
-            kinds = {message[0] for message in heard}
-            assert kinds <= {"table", "tokens", "ended"}, kinds
-            outputs = [o for message in heard if message[0] == "tokens" for o in message[1]]
-            assert outputs and not any(isinstance(v, str) for o in outputs for v in o), (
-                "text crossed the ring: the engine detokenized"
-            )
+            kinds = {type(message) for message in heard}
+            assert kinds <= {messages.Table, messages.Tokens, messages.Ended}, kinds
+            outputs = [
+                o
+                for message in heard
+                if isinstance(message, messages.Tokens)
+                for o in message.outputs
+            ]
+            # Token ids only (an Output has no field for text).
+            assert outputs and all(isinstance(t, int) for o in outputs for t in o.token_ids)
             # The stop string's request was stopped in the engine: nothing left running.
             for _ in range(100):
                 if not engine._generations:
