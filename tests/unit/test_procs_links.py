@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -123,3 +124,42 @@ async def test_a_backlog_is_written_as_the_other_end_frees_space() -> None:
     assert sender.backlog == 0
     sender.close()
     receiver.close()
+
+
+async def test_a_message_that_cannot_be_sent_fails_its_call_at_once() -> None:
+    """A stop string no UTF-8 can carry (the HTTP API refuses it first) reaches the link:
+    its generation fails with INTERNAL instead of waiting for an answer that never comes,
+    and the calls posted beside it still go."""
+    from tensord.config import TensordConfig
+    from tensord.dataplane import EngineCoreRequest
+    from tensord.errors import InternalError
+    from tensord.generate.core.sampling_params import GenerationDefaults, SamplingParams
+    from tensord.procs.messages import decode
+    from tensord.procs.remote import RemoteEngine
+
+    class Sink:
+        def __init__(self) -> None:
+            self.failures: list[Exception] = []
+
+        def outputs(self, outputs: Any) -> None: ...
+        def expired(self, request_ids: Any) -> None: ...
+        def failed(self, request_ids: Any, error: Exception) -> None:
+            self.failures.append(error)
+
+    requests, replies = Ring.create(1 << 22), Ring.create(1 << 22)
+    remote = RemoteEngine(TensordConfig())
+    remote.attach(requests, replies)
+    params = SamplingParams(max_tokens=4, stop=("\ud800",)).resolve(
+        GenerationDefaults(), prompt_len=2, max_model_len=16, vocab_size=32
+    )
+    bad, good = Sink(), Sink()
+    remote.add_generation(EngineCoreRequest("m", 1, [1, 2], params, None, 0.0), bad)
+    fine = dataclasses.replace(params, stop=("ok",))
+    remote.add_generation(EngineCoreRequest("m", 1, [1, 2], fine, None, 0.0), good)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(bad.failures) == 1 and isinstance(bad.failures[0], InternalError)
+    assert good.failures == []
+    sent = [decode(record) for record in requests.read_available()]
+    assert [type(m).__name__ for m in sent] == ["Generate"]
+    remote.detach()

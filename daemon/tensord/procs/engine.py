@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from tensord.dataplane import EngineCoreRequest, LocalEngine, PredictCall
-from tensord.errors import ResourceExhaustedError
+from tensord.errors import InternalError, ResourceExhaustedError
 from tensord.generate.core.outputs import EngineCoreOutput
 from tensord.procs import messages
 from tensord.procs.link import Link
@@ -43,7 +43,7 @@ class FrontendLink:
     def __init__(self, index: int, host: EngineHost, outgoing: Ring, incoming: Ring) -> None:
         self.index = index
         self.host = host
-        self.link = Link(outgoing, incoming, self._received)
+        self.link = Link(outgoing, incoming, self._received, self._unsendable)
         self.tasks: dict[int, asyncio.Task[None]] = {}
         """Predict calls and queries running, by call id."""
         self.generations: dict[int, str] = {}
@@ -86,6 +86,25 @@ class FrontendLink:
             case _:
                 log.error("engine.unknown_message", frontend=self.index,
                           kind=type(message).__name__)  # fmt: skip
+
+    def _unsendable(self, message: messages.Single, exc: Exception) -> None:
+        """An answer could not be written: its call, or its step's generations, fail with a
+        short error instead of waiting."""
+        report = ErrorReport.of(
+            InternalError(
+                f"the engine could not pass its answer back ({type(exc).__name__}); the "
+                "server log has the details (link.unsendable)"
+            )
+        )
+        if isinstance(message, messages.Result | messages.Ok):
+            self.post(messages.Error(message.id, report))
+        elif isinstance(message, messages.Tokens):
+            ids = [output.call_id for output in message.outputs]
+            for call_id in ids:
+                request_id = self.generations.get(call_id)
+                if request_id is not None:
+                    self.host.engine.abort_generation(request_id)
+            self.post(messages.Ended(ids, report))
 
     def _abort(self, call_id: int) -> None:
         task = self.tasks.get(call_id)

@@ -35,11 +35,18 @@ class Link:
     """Messages over `outgoing` and from `incoming` (both owned: `close` closes them)."""
 
     def __init__(
-        self, outgoing: Ring, incoming: Ring, on_message: Callable[[Message], None]
+        self,
+        outgoing: Ring,
+        incoming: Ring,
+        on_message: Callable[[Message], None],
+        on_unsendable: Callable[[Single, Exception], None] = lambda message, exc: None,
     ) -> None:
+        """`on_unsendable` hears of a posted message that could not be written (too large
+        for a record, or not encodable), so that whoever waits for its answer hears too."""
         self.outgoing = outgoing
         self.incoming = incoming
         self.on_message = on_message
+        self.on_unsendable = on_unsendable
         self._backlog: collections.deque[list[bytes | memoryview]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting = False
@@ -119,12 +126,15 @@ class Link:
             return
         try:
             self.send(group[0] if len(group) == 1 else Batch(group))
-        except ValueError:  # larger than a record may be: one at a time
-            if len(group) == 1:
-                log.error("link.message_too_large", kind=type(group[0]).__name__)
+        except (LinkClosed, MemoryError):
+            raise
+        except Exception as exc:  # larger than a record may be, or not encodable
+            if len(group) > 1:  # one at a time: only the one at fault is lost
+                for message in group:
+                    self._send_group([message])
                 return
-            for message in group:
-                self._send_group([message])
+            log.error("link.unsendable", kind=type(group[0]).__name__, error=repr(exc)[:300])
+            self.on_unsendable(group[0], exc)
 
     @property
     def backlog(self) -> int:

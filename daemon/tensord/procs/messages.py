@@ -66,8 +66,8 @@ class ErrorReport(msgspec.Struct, array_like=True, frozen=True):
     def of(cls, exc: BaseException) -> ErrorReport:
         if isinstance(exc, errors.TensordError):
             retry = exc.retry_after_s if isinstance(exc, errors.RateLimitedError) else 0.0
-            return cls(type(exc).__name__, exc.message, retry)
-        return cls("", f"{type(exc).__name__}: {exc}")
+            return cls(type(exc).__name__, _text(exc.message), retry)
+        return cls("", _text(f"{type(exc).__name__}: {exc}"))
 
     def exception(self) -> Exception:
         kind = getattr(errors, self.kind, None) if self.kind else None
@@ -76,6 +76,15 @@ class ErrorReport(msgspec.Struct, array_like=True, frozen=True):
         if isinstance(kind, type) and issubclass(kind, errors.TensordError):
             return kind(self.message)
         return EngineFailure(self.message)
+
+
+def _text(message: str) -> str:
+    """`message` as UTF-8 can carry it (a lone surrogate quoted from a request is escaped)."""
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:
+        return message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return message
 
 
 class EngineFailure(RuntimeError):

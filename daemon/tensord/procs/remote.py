@@ -33,7 +33,12 @@ from tensord.dataplane import (
     ServerInfo,
     TableEntry,
 )
-from tensord.errors import DeviceLostError, ResourceExhaustedError, UnavailableError
+from tensord.errors import (
+    DeviceLostError,
+    InternalError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from tensord.generate.core.outputs import EngineCoreOutput
 from tensord.generate.engine.streams import OutputSink
 from tensord.generate.model.model_dir import load_tokenizer
@@ -79,7 +84,7 @@ class RemoteEngine:
         """Use a (new) engine's rings; calls waiting on an old one get UNAVAILABLE."""
         self.detach()
         self._tokenizers.clear()  # a new engine may serve new files under the same paths
-        self._link = Link(outgoing, incoming, self._received)
+        self._link = Link(outgoing, incoming, self._received, self._unsendable)
         self._link.open()
 
     def detach(self, message: str = ENGINE_GONE) -> None:
@@ -115,6 +120,22 @@ class RemoteEngine:
                 self._new_table(messages.unpickled(table))
             case _:
                 log.error("frontend.unknown_message", kind=type(message).__name__)
+
+    def _unsendable(self, message: messages.Single, exc: Exception) -> None:
+        """A call's message could not reach the engine: the call fails rather than wait."""
+        call_id = getattr(message, "id", None)
+        if call_id is None:  # an abort or a stop: nobody waits for it
+            return
+        error = InternalError(
+            f"the call could not be passed to the engine process ({type(exc).__name__}); the "
+            "server log has the details (link.unsendable)"
+        )
+        future = self._waiting.pop(call_id, None)
+        if future is not None and not future.done():
+            future.set_exception(error)
+        sink = self._sinks.pop(call_id, None)
+        if sink is not None:
+            sink.failed([str(call_id)], error)
 
     def _ended(self, ids: list[int], report: messages.ErrorReport | None) -> None:
         error = None if report is None else report.exception()

@@ -70,7 +70,8 @@ def test_an_absent_seed_gets_a_random_one() -> None:
         (SamplingParams(temperature=float("nan")), "sampling.temperature must be a finite number"),
         (SamplingParams(top_p=0.0), "sampling.top_p must be in (0, 1], got 0.0"),
         (SamplingParams(top_p=1.5), "sampling.top_p must be in (0, 1], got 1.5"),
-        (SamplingParams(top_k=-1), "sampling.top_k must be >= 0 (0 means no limit), got -1"),
+        (SamplingParams(top_k=-1), "sampling.top_k must be in [0, 2^31) (0 means no limit)"),
+        (SamplingParams(top_k=2**64), "sampling.top_k must be in [0, 2^31)"),
         (
             SamplingParams(repetition_penalty=0.0),
             "sampling.repetition_penalty must be > 0 (1 means none), got 0.0",

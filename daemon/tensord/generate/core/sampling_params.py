@@ -116,9 +116,10 @@ class SamplingParams:
         top_k = _pick(self.top_k, defaults.top_k)
         top_p = _pick(self.top_p, defaults.top_p)
         penalty = _pick(self.repetition_penalty, defaults.repetition_penalty)
-        _check_floats(temperature, top_p, penalty)
-        if top_k < 0:
-            raise _bad("top_k", top_k, "must be >= 0 (0 means no limit)")
+        temperature, top_p, penalty = _floats(temperature=temperature, top_p=top_p,
+                                              repetition_penalty=penalty)  # fmt: skip
+        if not 0 <= top_k < 2**31:  # tensord.v1's int32; the HTTP API's JSON has no bound
+            raise _bad("top_k", top_k, "must be in [0, 2^31) (0 means no limit)")
         if not 0 <= self.logprobs <= max_logprobs:
             raise _bad("logprobs", self.logprobs, f"must be in [0, {max_logprobs}]")
         seed = secrets.randbits(64) if self.seed is None else self.seed
@@ -178,14 +179,21 @@ def _bad(name: str, value: object, rule: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"sampling.{name} {rule}, got {value!r}")
 
 
-def _check_floats(temperature: float, top_p: float, penalty: float) -> None:
-    for name, value in (
-        ("temperature", temperature),
-        ("top_p", top_p),
-        ("repetition_penalty", penalty),
-    ):
-        if not math.isfinite(value):
+def _floats(**values: float) -> tuple[float, float, float]:
+    """temperature, top_p and repetition_penalty as floats (the HTTP API's JSON may give
+    integers of any size), checked."""
+    for name, value in values.items():
+        try:
+            values[name] = float(value)
+        except OverflowError:
+            raise _bad(name, value, "must be a finite number") from None
+        if not math.isfinite(values[name]):
             raise _bad(name, value, "must be a finite number")
+    _check_floats(values["temperature"], values["top_p"], values["repetition_penalty"])
+    return values["temperature"], values["top_p"], values["repetition_penalty"]
+
+
+def _check_floats(temperature: float, top_p: float, penalty: float) -> None:
     if temperature < 0:
         raise _bad("temperature", temperature, "must be >= 0 (0 means greedy)")
     if not 0 < top_p <= 1:

@@ -119,10 +119,19 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):
-        return (stop,)
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return tuple(stop)
-    raise RequestError("stop must be a string or a list of strings", "stop")
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise RequestError("stop must be a string or a list of strings", "stop")
+    for text in stop:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # JSON's \ud800 escapes: no UTF-8 text holds one
+            raise RequestError(
+                "stop holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its "
+                "pair): it is not text",
+                "stop",
+            ) from None
+    return tuple(stop)
 
 
 def _completion_logprobs(body: dict[str, Any]) -> int | None:
