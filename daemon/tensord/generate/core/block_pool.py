@@ -126,6 +126,17 @@ class BlockPool:
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
 
+    def cached_prefix(self, block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
+        """The cached blocks of the longest run of `block_hashes` from the first (not
+        referenced: the caller takes them)."""
+        blocks: list[KVCacheBlock] = []
+        for block_hash in block_hashes:
+            block = self.cached_block_hash_to_block.get(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock] | None:
         """Take `num_blocks` from the head of the free list, evicting cached prefixes."""
         if num_blocks > self.get_num_free_blocks():

@@ -100,12 +100,7 @@ class KVCacheManager:
         hashes = self._update_block_hashes(request)
         # Leave at least one token to compute: its step yields the next token's logits.
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        blocks: list[KVCacheBlock] = []
-        for block_hash in hashes[:max_hit_blocks]:
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            blocks.append(block)
+        blocks = self.block_pool.cached_prefix(hashes[:max_hit_blocks])
         return blocks, len(blocks) * self.block_size
 
     def allocate_slots(

@@ -77,12 +77,7 @@ class SlotPrefixIndex:
         most = (request.num_tokens - 1) // self.block_size
         if self._max_hit_blocks is not None:
             most = min(most, self._max_hit_blocks)
-        blocks: list[KVCacheBlock] = []
-        for block_hash in hashes[:most]:
-            block = self.pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            blocks.append(block)
+        blocks = self.pool.cached_prefix(hashes[:most])
         return blocks, len(blocks) * self.block_size
 
     def admitted(self, request: Request, slot: int, hits: Sequence[KVCacheBlock]) -> None:
