@@ -35,7 +35,7 @@ from tensord.config import load_config
 from tensord.eventloop import run as run_loop
 from tensord.logs import configure_logging
 from tensord.server.app import TensordServer
-from tensord.server.servicer import InferenceServicer
+from tensord.server.tensord_v1.servicer import InferenceServicer
 from tensord.v1 import inference_pb2 as pb
 
 

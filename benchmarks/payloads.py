@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensord.server.codec import encode_tensor
+from tensord.server.tensord_v1.codec import encode_tensor
 from tensord.v1 import inference_pb2 as pb
 
 MODEL = "mlp"

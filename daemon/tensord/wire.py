@@ -1,6 +1,6 @@
 """Reading protobuf's wire format field by field, before any message is parsed.
 
-The server looks at a request's bytes before protobuf parses them (server/intake.py): the
+The server looks at a request's bytes before protobuf parses them (server/kit/intake.py): the
 model name, how many tensors or token ids it holds, how long its prompt is. Parsing
 millions of tiny fields holds the interpreter lock for seconds in one call, so the look
 must cost in proportion to the fields it reads and stop as soon as a limit is passed. A

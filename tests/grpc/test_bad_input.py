@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tensord.server.codec import decode_tensor, encode_tensor
+from tensord.server.tensord_v1.codec import decode_tensor, encode_tensor
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client import Client

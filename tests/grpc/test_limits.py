@@ -18,7 +18,7 @@ from tensord.config import ServerSettings
 from tensord.dataplane.admission import GenerateFields, GeneratorEntry, admit
 from tensord.errors import InvalidArgumentError, ResourceExhaustedError
 from tensord.generate.core.sampling_params import GenerationDefaults
-from tensord.server.context import StreamSlots
+from tensord.server.kit.rpc import StreamSlots
 from tensord.server.security import transport_options
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tensord.dtypes import DType
-from tensord.server.codec import encode_tensor
+from tensord.server.tensord_v1.codec import encode_tensor
 from tensord.v1 import inference_pb2 as pb
 from tensord.v1 import inference_pb2_grpc as pb_grpc
 from tensord_client import Client

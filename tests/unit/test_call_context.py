@@ -6,7 +6,7 @@ from typing import Any
 
 import grpc
 
-from tensord.server.context import _cancelled
+from tensord.server.kit.rpc import _cancelled
 
 
 class Recorded:

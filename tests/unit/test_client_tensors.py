@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tensord.server import codec
+from tensord.server.tensord_v1 import codec
 from tensord_client import tensors
 from tensord_client.dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
 from tensord_client.v1 import inference_pb2 as pb

@@ -7,7 +7,7 @@ import pytest
 
 from tensord.dtypes import DType
 from tensord.errors import InvalidArgumentError
-from tensord.server.codec import decode_tensor, encode_raw_strings, encode_tensor
+from tensord.server.tensord_v1.codec import decode_tensor, encode_raw_strings, encode_tensor
 from tensord.v1 import inference_pb2 as pb
 
 

@@ -6,7 +6,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from tensord.errors import RateLimitedError, ResourceExhaustedError
-from tensord.server.status import error_trailers
+from tensord.server.kit.status import error_trailers
 
 
 def test_other_errors_carry_no_retry_hints() -> None:

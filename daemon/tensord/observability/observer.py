@@ -1,6 +1,6 @@
 """What the server records about each call: Prometheus metrics and a trace span.
 
-The RPC decorators (tensord.server.context) call `finished` once per call, the servicer
+The RPC decorators (tensord.server.kit.rpc) call `finished` once per call, the servicer
 `predict_timings` for a served Predict, the interceptors `rejected` for calls they refuse.
 With metrics and tracing both off the server has no observer and pays nothing.
 """

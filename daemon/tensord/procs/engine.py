@@ -25,7 +25,7 @@ from tensord.procs import messages
 from tensord.procs.link import Link
 from tensord.procs.messages import ErrorReport, wire_bytes
 from tensord.procs.ring import Ring
-from tensord.server.context import StreamSlots
+from tensord.server.kit.rpc import StreamSlots
 
 log = structlog.get_logger("tensord.engine")
 

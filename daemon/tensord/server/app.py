@@ -29,8 +29,8 @@ from tensord.errors import DeviceLostError
 from tensord.eventloop import running_loop_name
 from tensord.observability import Observability
 from tensord.server.health import HealthPublisher, HealthServicer, add_health_servicer
-from tensord.server.kserve import SERVICE_NAME as KSERVE_SERVICE_NAME
-from tensord.server.kserve import KServeServicer, add_kserve_servicer
+from tensord.server.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE_NAME
+from tensord.server.kserve.servicer import KServeServicer, add_kserve_servicer
 from tensord.server.notify import SystemdNotifier, watchdog_interval
 from tensord.server.reflection import SERVICE_NAME as REFLECTION_SERVICE_NAME
 from tensord.server.reflection import ReflectionServicer, add_reflection_servicer
@@ -42,12 +42,12 @@ from tensord.server.reload import (
     apply_live_settings,
 )
 from tensord.server.security import Security, transport_options
-from tensord.server.servicer import InferenceServicer, add_servicer
+from tensord.server.tensord_v1.servicer import InferenceServicer, add_servicer
 from tensord.server.watchdog import Watchdog
 from tensord.v1 import inference_pb2 as pb
 
 if TYPE_CHECKING:
-    from tensord.server.openai_http.server import OpenAIServer
+    from tensord.server.openai.server import OpenAIServer
 
 log = structlog.get_logger("tensord.server")
 
@@ -167,8 +167,8 @@ class TensordServer:
     def _openai_server(self, servicer: InferenceServicer) -> OpenAIServer:
         """The HTTP API over the same data plane, tokens, limits and metrics as gRPC."""
         try:
-            from tensord.server.openai_http.routes import OpenAIRoutes
-            from tensord.server.openai_http.server import OpenAIServer
+            from tensord.server.openai.routes import OpenAIRoutes
+            from tensord.server.openai.server import OpenAIServer
         except ImportError as exc:
             raise RuntimeError(
                 f"[openai] listen is set, but the OpenAI API needs the openai-api extra "

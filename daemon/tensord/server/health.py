@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2
 
 from tensord.access import may_probe, may_see
 from tensord.dataplane import DataPlane, Readiness
-from tensord.server.intake import Intake, bounded_handlers
+from tensord.server.kit.intake import Intake, bounded_handlers
 
 log = structlog.get_logger("tensord.server")
 

@@ -17,7 +17,7 @@ import grpc
 from tensord.access import ANONYMOUS, current_principal
 from tensord.errors import TensordError
 from tensord.server.auth import Authenticator, has_authorization
-from tensord.server.context import failure_status, request_id
+from tensord.server.kit.rpc import failure_status, request_id
 from tensord.server.watchdog import PROBED_METHOD, is_probe
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]

@@ -12,8 +12,8 @@ import structlog
 from tensord.config import ServerSettings, TensordConfig
 from tensord.errors import ConfigError
 from tensord.server.auth import Authenticator
-from tensord.server.context import StreamSlots
 from tensord.server.interceptors import AuthInterceptor, RejectHook
+from tensord.server.kit.rpc import StreamSlots
 from tensord.server.tls import ServerTLS
 
 log = structlog.get_logger("tensord.server")

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from tensord.server.openai_http.routes import OpenAIRoutes
+from tensord.server.openai.routes import OpenAIRoutes
 
 log = structlog.get_logger("tensord.server")
 

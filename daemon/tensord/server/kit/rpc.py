@@ -22,8 +22,9 @@ from google.protobuf.message import Message
 
 from tensord.errors import ResourceExhaustedError, TensordError
 from tensord.inflight import InflightCounter
-from tensord.server.intake import Intake, Look
-from tensord.server.status import error_trailers
+from tensord.server.kit.intake import Intake
+from tensord.server.kit.look import Look
+from tensord.server.kit.status import error_trailers
 from tensord.server.watchdog import is_probe
 
 log = structlog.get_logger("tensord.request")
@@ -291,6 +292,41 @@ class _Held:
     model: str = ""
 
 
+@dataclass(slots=True)
+class _Call:
+    """One call being served: its request (a _Held until parsed) and the handler's target."""
+
+    start: float
+    rid: str
+    request: Any
+    target: Any = None
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    servicer: Any, rpc: str, message_type: Any, context: Ctx
+) -> AsyncIterator[_Call]:
+    """Every call's life, whatever its shape: its request id, its message received,
+    looked at, admitted and parsed; the block runs the handler; then the call is
+    observed, or ends with its error's status (the one mapping, _fail), or is logged as
+    cancelled."""
+    call = _Call(time.perf_counter(), request_id(context), _Held())
+    context.set_trailing_metadata(((REQUEST_ID, call.rid),))
+    try:
+        raw = await servicer.intake.receive(context, rpc in _DURING_DRAIN)
+        look, call.target = _look(servicer, rpc, raw, message_type, call.request)
+        with _admitted(servicer, rpc, raw, look):
+            call.request = await servicer.intake.parse(message_type, raw)
+            yield call
+    except (asyncio.CancelledError, GeneratorExit):
+        _cancelled(servicer, rpc, call.request, call.start, call.rid, context)
+        raise
+    except Exception as exc:
+        await _fail(servicer, call.request, context, call.rid, rpc, call.start, exc)
+        raise AssertionError("unreachable: abort raises") from exc
+    _observe(servicer, rpc, call.request, grpc.StatusCode.OK, call.start, call.rid, context)
+
+
 def unary_rpc(
     message_type: Any,
 ) -> Callable[[Callable[[Any, Any, Ctx, str, Any], Awaitable[Any]]], Any]:
@@ -303,25 +339,10 @@ def unary_rpc(
 
         @functools.wraps(method)
         async def handler(self: Any, request_iterator: Any, context: Ctx) -> Resp:
-            start = time.perf_counter()
-            rid = request_id(context)
-            context.set_trailing_metadata(((REQUEST_ID, rid),))
-            request: Any = _Held()
-            try:
-                raw = await self.intake.receive(context, rpc in _DURING_DRAIN)
-                look, target = _look(self, rpc, raw, message_type, request)
-                with _admitted(self, rpc, raw, look):
-                    request = await self.intake.parse(message_type, raw)
-                    response = await method(self, request, context, rid, target)
-                    if self.calls.draining:
-                        self.calls.drain_reply_bytes += response.ByteSize()
-            except asyncio.CancelledError:
-                _cancelled(self, rpc, request, start, rid, context)
-                raise
-            except Exception as exc:
-                await _fail(self, request, context, rid, rpc, start, exc)
-                raise AssertionError("unreachable: abort raises") from exc
-            _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
+            async with _serving(self, rpc, message_type, context) as call:
+                response = await method(self, call.request, context, call.rid, call.target)
+                if self.calls.draining:
+                    self.calls.drain_reply_bytes += response.ByteSize()
             return response
 
         return handler
@@ -340,24 +361,9 @@ def stream_rpc(
 
         @functools.wraps(method)
         async def handler(self: Any, request_iterator: Any, context: Ctx) -> AsyncIterator[Resp]:
-            start = time.perf_counter()
-            rid = request_id(context)
-            context.set_trailing_metadata(((REQUEST_ID, rid),))
-            request: Any = _Held()
-            try:
-                raw = await self.intake.receive(context, rpc in _DURING_DRAIN)
-                look, target = _look(self, rpc, raw, message_type, request)
-                with _admitted(self, rpc, raw, look):
-                    request = await self.intake.parse(message_type, raw)
-                    async for item in method(self, request, context, rid, target):
-                        yield item
-            except (asyncio.CancelledError, GeneratorExit):
-                _cancelled(self, rpc, request, start, rid, context)
-                raise
-            except Exception as exc:
-                await _fail(self, request, context, rid, rpc, start, exc)
-            else:
-                _observe(self, rpc, request, grpc.StatusCode.OK, start, rid, context)
+            async with _serving(self, rpc, message_type, context) as call:
+                async for item in method(self, call.request, context, call.rid, call.target):
+                    yield item
 
         return handler
 

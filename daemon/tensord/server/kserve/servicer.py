@@ -32,22 +32,22 @@ from tensord.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
-    ResourceExhaustedError,
 )
 from tensord.kserve.v2 import grpc_service_pb2 as pb
 from tensord.observability.observer import RequestObserver
-from tensord.server.codec import encoded_size_floor
-from tensord.server.context import CallsInFlight, Ctx, unary_rpc
-from tensord.server.intake import Intake, Look
-from tensord.server.kserve_codec import decode_cost, decode_inputs, fill_outputs
-from tensord.server.kserve_converters import (
+from tensord.server.kit.intake import Intake
+from tensord.server.kit.look import Look
+from tensord.server.kit.rpc import CallsInFlight, Ctx, unary_rpc
+from tensord.server.kit.service import predict_finished, register_raw
+from tensord.server.kit.tensors import INLINE_STEPS, plan_reply
+from tensord.server.kserve.codec import decode_cost, decode_inputs, fill_outputs
+from tensord.server.kserve.converters import (
     config_response,
     metadata_response,
     model_statistics,
     pick,
 )
-from tensord.server.kserve_intake import LOOKERS, parse_version
-from tensord.server.servicer import predict_finished, register_raw
+from tensord.server.kserve.intake import LOOKERS, parse_version
 
 log = structlog.get_logger("tensord.request")
 
@@ -56,8 +56,6 @@ METHODS = frozenset(LOOKERS)
 """The RPCs served; the others are not registered (UNIMPLEMENTED)."""
 EXTENSIONS = ("model_configuration", "statistics")
 """The protocol extensions ServerMetadata reports."""
-_INLINE_STEPS = 32_768
-_INLINE_BYTES = 4 * 1024 * 1024
 _SEQUENCE_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end"})
 
 
@@ -153,12 +151,18 @@ class KServeServicer:
     ) -> pb.ModelInferResponse:
         start = time.perf_counter()
         call = infer_call(request, context.time_remaining())
-        if decode_cost(request) > _INLINE_STEPS:
+        if decode_cost(request) > INLINE_STEPS:
             call.inputs = await asyncio.to_thread(decode_inputs, request)
         else:
             call.inputs = decode_inputs(request)
         result = await self._predict(call)
-        offload = self._plan_reply(result)
+        offload = plan_reply(
+            result.outputs,
+            contents=False,
+            limit=self.max_send_message_bytes,
+            form="",
+            hint="ask for fewer outputs, or send a smaller batch",
+        )
         predict_finished(self.observer, "ModelInfer", rid, result, start)
         response = pb.ModelInferResponse(
             model_name=result.model, model_version=str(result.version), id=request.id
@@ -180,23 +184,6 @@ class KServeServicer:
                 "(tensors in, tensors out); stream its tokens with tensord.v1's Generate"
             ) from None
         return await self._dataplane.predict(call, entry)
-
-    def _plan_reply(self, result: PredictResult) -> bool:
-        """RESOURCE_EXHAUSTED before encoding outputs that cannot fit in one message; else
-        whether encoding them is big enough for a worker thread."""
-        floor = nbytes = strings = 0
-        for _, array in result.outputs:
-            floor += encoded_size_floor(array, contents=False)
-            nbytes += array.nbytes
-            strings += array.size if array.dtype == object else 0
-        limit = self.max_send_message_bytes
-        if limit and floor > limit:
-            raise ResourceExhaustedError(
-                f"the outputs take at least {floor} bytes, more than the {limit} a reply may "
-                "have (server.max_send_message_bytes); ask for fewer outputs, or send a "
-                "smaller batch"
-            )
-        return strings > _INLINE_STEPS or nbytes > _INLINE_BYTES
 
 
 def _named(name: str) -> str:

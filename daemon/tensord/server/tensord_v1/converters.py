@@ -22,7 +22,7 @@ from tensord.dataplane import (
     ServerInfo,
     TensorSpec,
 )
-from tensord.server.codec import decode_tensor, fill_tensor, pb_dtype
+from tensord.server.tensord_v1.codec import decode_tensor, fill_tensor, pb_dtype
 from tensord.v1 import inference_pb2 as pb
 
 

@@ -7,7 +7,7 @@ from tensord.dataplane import ModelSnapshot, ModelState, TensorSpec
 from tensord.errors import NotFoundError
 from tensord.kserve.v2 import grpc_service_pb2 as pb
 from tensord.kserve.v2 import model_config_pb2 as mc
-from tensord.server.kserve_codec import DATATYPES
+from tensord.server.kserve.codec import DATATYPES
 
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 """Triton's platform names for tensord's backends."""

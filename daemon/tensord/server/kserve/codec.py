@@ -9,25 +9,19 @@ as one entry of `raw_input_contents` (little-endian C-order bytes; BYTES element
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
 from tensord.dtypes import DType, from_numpy
 from tensord.errors import InvalidArgumentError
 from tensord.kserve.v2 import grpc_service_pb2 as pb
-from tensord.server.codec import (
-    MAX_BYTES,
-    MAX_BYTES_LOG2,
+from tensord.server.kit.tensors import (
     MAX_RANK,
-    contents_values,
-    decode_raw_strings,
+    TENSOR_STEPS,
+    check_shape,
+    decode_contents,
+    decode_raw,
     encode_raw_strings,
-    first_true,
-    narrow_integers,
-    number_array,
-    shape_text,
-    string_array,
 )
 
 DATATYPES: dict[DType, str] = {
@@ -71,9 +65,6 @@ _CONTENTS_FIELDS = (
     "fp64_contents",
     "bytes_contents",
 )
-_NARROW_INTEGERS = frozenset({DType.UINT8, DType.INT8, DType.INT16})
-_TENSOR_STEPS = 256
-"""What decoding one tensor costs beside its elements, in element steps (codec.py)."""
 
 
 def datatype(name: str, label: str) -> DType:
@@ -89,7 +80,7 @@ def datatype(name: str, label: str) -> DType:
 
 def decode_cost(request: pb.ModelInferRequest) -> int:
     """Roughly how many Python-level element steps decoding the inputs takes."""
-    steps = _TENSOR_STEPS * len(request.inputs)
+    steps = TENSOR_STEPS * len(request.inputs)
     for tensor in request.inputs:
         contents = tensor.contents
         steps += sum(len(getattr(contents, field)) for field in _CONTENTS_FIELDS)
@@ -122,57 +113,17 @@ def _decode_input(
                 "tensor in raw_input_contents or contents"
             )
     dtype = datatype(tensor.datatype, label)
-    shape = _shape(tensor.shape, label)
-    count = math.prod(shape)
+    shape = tuple(tensor.shape)
+    count = check_shape(shape, label, dtype.itemsize)
     if raw is not None:
         if tensor.HasField("contents"):
             raise InvalidArgumentError(
                 f"{label}: has contents while the request uses raw_input_contents; a request "
                 "carries all its inputs one way or the other"
             )
-        return tensor.name, _decode_raw(raw, dtype, shape, count, label)
+        array = decode_raw(raw, dtype, shape, count, label, "raw_input_contents", DATATYPES[dtype])
+        return tensor.name, array
     return tensor.name, _decode_contents(tensor.contents, dtype, shape, count, label)
-
-
-def _shape(dims: Sequence[int], label: str) -> tuple[int, ...]:
-    shape = tuple(dims)
-    if len(shape) > MAX_RANK:
-        raise InvalidArgumentError(
-            f"{label}: shape has rank {len(shape)}; at most {MAX_RANK} dimensions are supported"
-        )
-    if shape and min(shape) < 0:
-        raise InvalidArgumentError(
-            f"{label}: shape {shape_text(shape)} has a negative dimension; every dimension "
-            "must be >= 0"
-        )
-    if math.prod(d for d in shape if d) * 8 > MAX_BYTES:
-        raise InvalidArgumentError(
-            f"{label}: shape {shape_text(shape)} is too large to hold in memory (more than "
-            f"2^{MAX_BYTES_LOG2} bytes, zero dimensions aside)"
-        )
-    return shape
-
-
-def _decode_raw(
-    raw: bytes, dtype: DType, shape: tuple[int, ...], count: int, label: str
-) -> np.ndarray:
-    if dtype is DType.STRING:
-        return decode_raw_strings(raw, shape, count, label)
-    expected = count * dtype.itemsize
-    if len(raw) != expected:
-        raise InvalidArgumentError(
-            f"{label}: raw_input_contents has {len(raw)} bytes, but shape {shape_text(shape)} "
-            f"of {DATATYPES[dtype]} needs {expected} ({count} elements x {dtype.itemsize} bytes)"
-        )
-    array = np.frombuffer(raw, dtype=dtype.numpy, count=count)
-    if dtype is DType.BOOL and count:
-        i = first_true(array.view(np.uint8) > 1)
-        if i is not None:
-            raise InvalidArgumentError(
-                f"{label}: raw_input_contents byte {i} is {raw[i]}; BOOL is one byte per "
-                "element, 0 or 1"
-            )
-    return array.reshape(shape)
 
 
 def _decode_contents(
@@ -184,13 +135,9 @@ def _decode_contents(
             f"{label}: {DATATYPES[dtype]} tensors travel in raw_input_contents (the protocol "
             "has no typed contents for them)"
         )
-    type_name = DATATYPES[dtype]
-    values = contents_values(contents, field, _CONTENTS_FIELDS, shape, count, label, type_name)
-    if dtype is DType.STRING:
-        return string_array(values, shape, label)
-    if dtype in _NARROW_INTEGERS:  # 8- and 16-bit integers travel widened to 32 bits
-        return narrow_integers(values, dtype, field, label, type_name).reshape(shape)
-    return number_array(values, dtype.numpy).reshape(shape)
+    return decode_contents(
+        contents, dtype, shape, count, label, field, _CONTENTS_FIELDS, DATATYPES[dtype]
+    )
 
 
 def output_datatype(array: np.ndarray, name: str) -> str:

@@ -11,7 +11,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tensord.dataplane import RequestOutput
-from tensord.server.openai_http.responses import Shapes, event, usage
+from tensord.server.openai.responses import Shapes, event, usage
 
 Ended = Callable[[BaseException | None], Awaitable[dict[str, Any] | None]]
 

@@ -1,6 +1,6 @@
 """The HTTP endpoints: each request authenticated with the gRPC port's bearer tokens and
 rate limits, bounded like a gRPC request, served by the data plane, and recorded in the
-same metrics and logs (the one mapping of errors to statuses, server/context.py)."""
+same metrics and logs (the one mapping of errors to statuses, server/kit/rpc.py)."""
 
 from __future__ import annotations
 
@@ -24,29 +24,29 @@ from tensord.errors import RateLimitedError, ResourceExhaustedError, Unavailable
 from tensord.observability import RequestObserver
 from tensord.observability.tracing import HttpExchange
 from tensord.server.auth import AUTHORIZATION, Authenticator
-from tensord.server.context import (
+from tensord.server.kit.intake import Intake
+from tensord.server.kit.rpc import (
     REQUEST_ID,
     StreamSlots,
     failure_status,
     new_request_id,
     sane_request_id,
 )
-from tensord.server.intake import Intake
-from tensord.server.openai_http.requests import (
+from tensord.server.openai.requests import (
     GenerationRequest,
     RequestError,
     chat_request,
     check_token_ids,
     completion_request,
 )
-from tensord.server.openai_http.responses import (
+from tensord.server.openai.responses import (
     HTTP_STATUS,
     Logprobs,
     Shapes,
     error_body,
     usage,
 )
-from tensord.server.openai_http.stream import EventStream, events
+from tensord.server.openai.stream import EventStream, events
 
 log = structlog.get_logger("tensord.request")
 

@@ -1,0 +1,1 @@
+"""tensord.v1.InferenceService: Predict, Generate, Health and Info."""
