@@ -3,6 +3,7 @@ port, run as systemd runs the daemon, against what one process answers."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -317,10 +318,17 @@ def test_sighup_reloads_the_engine(demo_repo: Path, tmp_path: Path) -> None:
         with Client(daemon.target, timeout=10, retries=0) as client:
             assert {m.name for m in client.health().models} == {"cnn", "mlp"}
             shutil.copytree(repo / "mlp", repo / "mlp2")
+            config = tmp_path / "tensord.toml"  # a restart-only key changed: kept everywhere
+            config.write_text(config.read_text() + "\n[limits]\nmax_generate_streams = 3\n")
             daemon.process.send_signal(signal.SIGHUP)
             _wait(lambda: _event(daemon.log_path, "engine.reloaded") is not None, daemon.log_path)
             _wait(lambda: "mlp2" in {m.name for m in client.health().models}, daemon.log_path)
             assert client.predict("mlp2", {"input": X})["output"].shape == (3, 10)
+            ignored = "reload.ignored_until_restart"
+            key = "limits.max_generate_streams"
+            for role in ("engine", "frontend-0", "frontend-1", None):
+                seen = functools.partial(_event, daemon.log_path, ignored, key=key, role=role)
+                _wait(seen, daemon.log_path)
         assert daemon.terminate() == 0
     finally:
         if daemon.process.poll() is None:

@@ -27,7 +27,7 @@ from tensord.procs.engine import EngineHost
 from tensord.procs.remote import RemoteEngine
 from tensord.procs.ring import Ring
 from tensord.server.app import EXIT_DEVICE_LOST
-from tensord.server.reload import ConfigLoader, apply_live_settings
+from tensord.server.reload import ConfigLoader, Reloader, apply_live_settings
 from tensord.server.watchdog import Watchdog
 
 log = structlog.get_logger("tensord.procs")
@@ -92,11 +92,12 @@ class EngineProcess:
         self, config: TensordConfig, control_fd: int, config_loader: ConfigLoader | None
     ) -> None:
         self.config = config
-        self.config_loader = config_loader
         self.stop = asyncio.Event()
         self.exit_code = 0
         self.engine = LocalEngine.for_config(config)
         self.host = EngineHost(self.engine, config.limits.max_generate_streams)
+        self.reloader = Reloader(config_loader, self.engine.reload_models)
+        self.reloader.add_hook(self.engine.apply)
         self.observability = Observability(
             config, self.engine.registry, known_model=self.engine.has_model
         )
@@ -167,18 +168,20 @@ class EngineProcess:
             self.stop.set()
 
     async def _reload(self) -> None:
-        if self.config_loader is not None:
-            try:
-                self.config = self.config_loader()
-            except Exception as exc:
-                log.error("engine.reload_config_failed", error=str(exc))
-        config = self.config
-        self.engine.apply(config)
-        apply_live_settings(config)
-        changes = await self.engine.reload_models(config.model_repository)
+        """The config read again (restart-only keys kept), the engine's limits applied, the
+        repository rescanned; the supervisor hears the outcome."""
+        self.config, result = await self.reloader.run(self.config)
         heap.settle()
-        log.info("engine.reloaded", added=changes.added, changed=changes.changed,
-                 removed=changes.removed, load_failed=changes.failed)  # fmt: skip
+        models = result.models
+        log.info(
+            "engine.reloaded",
+            ok=result.ok,
+            config_error=result.config_error or None,
+            added=models.added if models else None,
+            changed=models.changed if models else None,
+            removed=models.removed if models else None,
+            load_failed=models.failed if models else None,
+        )
         self.host.models_changed()
         self.control.send({"op": "reloaded", "status": _status(self.engine.table)})
 

@@ -36,6 +36,7 @@ from tensord.procs.children import CHILD_WATCHDOG, child_environment
 from tensord.procs.control import Control
 from tensord.procs.ring import MAX_CAPACITY, Ring
 from tensord.server.notify import SystemdNotifier, watchdog_interval
+from tensord.server.reload import Reloader
 
 log = structlog.get_logger("tensord.supervisor")
 
@@ -144,7 +145,7 @@ class Supervisor:
         config_loader: Callable[[], TensordConfig] | None = None,
     ) -> None:
         self.config = config
-        self.config_loader = config_loader
+        self.reloader = Reloader(config_loader)
         """Reads the configuration again on SIGHUP (the drain settings are live)."""
         self.serve_args = serve_args
         """`tensord serve`'s arguments, given again to each child (without --listen)."""
@@ -360,13 +361,17 @@ class Supervisor:
         if self.stopping:
             return
         self.notifier.reloading("reloading the configuration and the model repository")
-        if self.config_loader is not None:
-            try:
-                self.config = self.config_loader()
-            except Exception as exc:  # the children log why, and keep theirs too
-                log.warning("supervisor.config_unchanged", error=str(exc))
+        task = asyncio.ensure_future(self._reloading())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reloading(self) -> None:
+        """The supervisor's own settings read again (the drain's are live; a bad file keeps
+        the running ones, and the children log why and keep theirs too), then each child
+        reloads."""
+        self.config, _ = await self.reloader.run(self.config)
         for child in [self.engine, *self.frontends.values()]:
-            if child is not None:
+            if child is not None and not self.stopping:
                 child.control.send({"op": "reload"})
 
     async def _drain(self) -> None:

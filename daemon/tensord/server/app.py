@@ -107,7 +107,7 @@ class TensordServer:
         self.notifier = SystemdNotifier()
         interval = watchdog_interval()
         self.watchdog = Watchdog(self.notifier, interval) if interval else None
-        self.reloader = Reloader(self.dataplane, config_loader)
+        self.reloader = Reloader(config_loader, self.dataplane.reload_models)
         self._reload_lock = asyncio.Lock()
         self._reload_queued = False
         self._started = asyncio.Event()

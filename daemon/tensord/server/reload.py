@@ -1,10 +1,13 @@
 """Reload on SIGHUP: read the config again, let each component re-read its files, rescan models.
 
-Order: the config file is read and validated first; if it is bad, nothing changes and the
-reason is logged. Settings the running process cannot change (the listen address, say) keep
-their old values and are logged as ignored until a restart. Then every reload hook runs with
-the new config (components that keep files of their own, such as certificates or token
-lists, register one), then the model repository is rescanned.
+One Reloader serves every process that reloads: the one-process daemon and each frontend
+(TensordServer), the engine process (its models) and the supervisor (its own settings).
+
+Order: the config file is read (on a worker thread) and validated first; if it is bad,
+nothing changes and the reason is logged. Settings the running process cannot change (the
+listen address, say) keep their old values and are logged as ignored until a restart. Then
+every reload hook runs with the new config (components that keep files of their own, such
+as certificates or token lists, register one), then the model repository is rescanned.
 
 A hook either applies its new state entirely or raises and keeps its old state; a failing
 hook is logged and does not stop the others or the model reload.
@@ -17,12 +20,13 @@ import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from tensord.config import TensordConfig
-from tensord.dataplane import DataPlane, RepositoryChanges
+from tensord.dataplane import RepositoryChanges
 from tensord.errors import ConfigError, ModelLoadError
 
 log = structlog.get_logger("tensord.reload")
@@ -166,13 +170,22 @@ def keep_restart_only(
     return merged, ignored
 
 
-class Reloader:
-    """Owns the reload hooks and runs one reload at a time."""
+ModelReloader = Callable[[Path], Awaitable[RepositoryChanges]]
 
-    def __init__(self, dataplane: DataPlane, load_config: ConfigLoader | None) -> None:
-        self.dataplane = dataplane
+
+class Reloader:
+    """Owns the reload hooks and runs one reload: the config file read off the event loop,
+    restart-only keys kept at their running values, the live settings applied, each hook
+    run, then the model repository rescanned (`reload_models`, where the process serves
+    models)."""
+
+    def __init__(
+        self, load_config: ConfigLoader | None, reload_models: ModelReloader | None = None
+    ) -> None:
         self._load_config = load_config
+        self._reload_models = reload_models
         self._hooks: list[ReloadHook] = []
+        self._lock = asyncio.Lock()
         self.restart_only: tuple[str, ...] = RESTART_ONLY_KEYS
 
     def add_hook(self, hook: ReloadHook) -> None:
@@ -184,6 +197,10 @@ class Reloader:
 
         It never raises (cancellation aside): whatever fails is logged and reported in the
         result, so the caller always finishes its notifications."""
+        async with self._lock:  # one at a time: a second waits for the first
+            return await self._run(running)
+
+    async def _run(self, running: TensordConfig) -> tuple[TensordConfig, ReloadResult]:
         result = ReloadResult()
         config = running
         if self._load_config is not None:
@@ -204,8 +221,14 @@ class Reloader:
                 apply_live_settings(config)
         for hook in self._hooks:
             await self._run_hook(hook, config, result)
+        if self._reload_models is not None:
+            await self._rescan(config, result)
+        return config, result
+
+    async def _rescan(self, config: TensordConfig, result: ReloadResult) -> None:
+        assert self._reload_models is not None
         try:
-            result.models = await self.dataplane.reload_models(config.model_repository)
+            result.models = await self._reload_models(config.model_repository)
         except Exception as exc:
             error = str(exc) if isinstance(exc, ModelLoadError) else f"unexpected: {exc!r}"
             result.models_error = error
@@ -215,7 +238,6 @@ class Reloader:
                 kept="the served models",
                 exc_info=None if isinstance(exc, ModelLoadError) else exc,
             )
-        return config, result
 
     @staticmethod
     async def _run_hook(hook: ReloadHook, config: TensordConfig, result: ReloadResult) -> None:
