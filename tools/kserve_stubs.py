@@ -7,7 +7,7 @@ Triton's file names, so protoc writes top-level modules (`grpc_service_pb2`) tha
 each other by those names; the lines that name modules are pointed at
 `tensord_client.kserve.v2`. The descriptors keep the file names
 `grpc_service.proto` and `model_config.proto`, as Triton and its clients register them.
-tests/unit/test_kserve_contract.py checks that the modules in the tree are what this makes.
+tests/unit/project/test_kserve_contract.py checks that the modules in the tree are what this makes.
 """
 
 from __future__ import annotations

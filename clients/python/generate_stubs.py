@@ -5,7 +5,7 @@ protos/tensord/v1/inference.proto come out as `tensord.v1.*`. The client distrib
 carries them as `tensord_client.v1` (the daemon re-exports them as `tensord.v1`), so the two
 lines that name the module are pointed there; the descriptor keeps the file name
 `tensord/v1/inference.proto`, as reflection and every other language see it.
-tests/unit/test_contract.py checks that the stubs in the tree are what this makes.
+tests/unit/project/test_contract.py checks that the stubs in the tree are what this makes.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ step facts "$CAP_FACTS" "" "$PY" tests/gpu/facts.py "$RESULTS/device.json" ||
     { echo "run-offline: the CUDA probe sees no device (device.json says why)" >&2; finish 2; }
 
 if want gpu-tests; then
-    TESTS=(tests/gpu tests/unit/test_device_fault.py -m "not ort_gpu")
+    TESTS=(tests/gpu tests/unit/cuda/test_device_fault.py -m "not ort_gpu")
     # shellcheck disable=SC2206  # split on purpose: node ids, or -k with one word
     [ -n "${TENSORD_GPU_TESTS:-}" ] && TESTS=($TENSORD_GPU_TESTS -m "not ort_gpu")
     step gpu-tests "$CAP_TESTS" "the ort_gpu tests are call 2's" \

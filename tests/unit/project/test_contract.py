@@ -10,7 +10,7 @@ from google.protobuf import descriptor_pb2
 
 from tests.tools import buf, require_module
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROTO = ROOT / "protos" / "tensord" / "v1" / "inference.proto"
 GENERATED = ROOT / "clients" / "python" / "tensord_client" / "v1"
 

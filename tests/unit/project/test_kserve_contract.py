@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.tools import require_module
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GENERATED = ROOT / "clients" / "python" / "tensord_client" / "kserve" / "v2"
 PROTOS = ROOT / "protos" / "third_party" / "triton"
 

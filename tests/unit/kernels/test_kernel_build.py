@@ -23,7 +23,7 @@ from tensord.kernels.compiler import (
 from tensord.kernels.sources import FAMILIES, load_source, source_dir
 from tests.tools import require_module
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_cu_file_is_a_known_family() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from tensord.devices import probe_gpus
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_kernel_tests_use_the_nms_twin_not_the_package_name() -> None:

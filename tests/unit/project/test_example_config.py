@@ -11,7 +11,7 @@ from typing import Any
 from tensord.config import TensordConfig, env_keys
 from tensord.server.reload import LIVE_KEYS, RESTART_ONLY_KEYS
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "systemd" / "tensord.toml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "systemd" / "tensord.toml"
 # Set to where tensord.service keeps them instead of their defaults.
 SERVICE_DIRECTORIES = {"model_repository", "cache_directory"}
 KEY_LINE = re.compile(r"^(#\s*)?(\w+)\s*=")

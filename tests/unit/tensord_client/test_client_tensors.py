@@ -14,7 +14,7 @@ from tensord.server.tensord_v1 import codec
 from tensord_client import tensors
 from tensord_client.dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
 from tensord_client.v1 import inference_pb2 as pb
-from tests.unit.test_codec import sample
+from tests.unit.server.test_codec import sample
 
 
 @pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)

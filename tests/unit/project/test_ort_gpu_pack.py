@@ -135,7 +135,7 @@ def test_calls_needed(parts: int, part_size: int, fixed: int, last_extra: int, c
     assert calls_needed(parts, part_size, fixed, last_extra) == calls
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAKE_ORT = '''\
 """A stand-in for onnxruntime-gpu whose CUDA provider never loads, as on a host without
 the CUDA libraries: sessions fall back to the CPU."""
