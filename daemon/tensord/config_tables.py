@@ -192,14 +192,10 @@ class LimitsSettings(Settings):
     DEADLINE_EXCEEDED. A call that ends without a message gets INVALID_ARGUMENT."""
 
 
-class MetricsSettings(Settings):
-    """The `[metrics]` table: Prometheus metrics on their own HTTP port."""
-
-    model_config = ConfigDict(extra="forbid")
+class EndpointSettings(Settings):
+    """A table whose `listen` turns an HTTP endpoint of its own on (empty: off)."""
 
     listen: str = ""
-    """HOST:PORT of the HTTP endpoint that serves `/metrics` in the Prometheus text format;
-    empty (the default): no endpoint and no recording. Port 0 picks a free port."""
 
     @field_validator("listen")
     @classmethod
@@ -210,6 +206,16 @@ class MetricsSettings(Settings):
     def enabled(self) -> bool:
         """True when the endpoint is served."""
         return bool(self.listen)
+
+
+class MetricsSettings(EndpointSettings):
+    """The `[metrics]` table: Prometheus metrics on their own HTTP port."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = ""
+    """HOST:PORT of the HTTP endpoint that serves `/metrics` in the Prometheus text format;
+    empty (the default): no endpoint and no recording. Port 0 picks a free port."""
 
 
 class TracingSettings(Settings):
@@ -230,7 +236,7 @@ class TracingSettings(Settings):
     """Share of traces sampled at the root; a caller's sampled `traceparent` is followed."""
 
 
-class OpenAISettings(Settings):
+class OpenAISettings(EndpointSettings):
     """The `[openai]` table: the OpenAI-compatible HTTP API for generator models."""
 
     model_config = ConfigDict(extra="forbid")
@@ -248,13 +254,3 @@ class OpenAISettings(Settings):
     2 MiB (the default, as TGI's and TEI's payload limits) takes a few ms for text and up to
     ~80 ms for a million token ids. It holds a prompt of ~500k tokens of text; a prompt the
     model's context cannot hold is refused from its size before it is tokenised."""
-
-    @field_validator("listen")
-    @classmethod
-    def _check(cls, value: str) -> str:
-        return check_host_port(value) if value else value
-
-    @property
-    def enabled(self) -> bool:
-        """True when the HTTP API is served."""
-        return bool(self.listen)

@@ -9,15 +9,15 @@ from typing import Any
 import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
+from tensord.backends.onnx_file import read_onnx
 from tensord.backends.onnxruntime import available_providers, describe
 from tensord.dtypes import dtype_name
-from tensord.errors import ModelLoadError
 from tensord.generate.model.describe import describe_generator, looks_like_decoder
 
 
 def inspect_model(path: Path) -> dict[str, Any]:
     """A JSON-ready description of the model file."""
-    proto = _read_model(path)
+    proto = read_onnx(path)
     runnable, unrunnable, signature = _try_providers(path)
     external = _external_files(path, proto)
     report = {
@@ -37,23 +37,6 @@ def inspect_model(path: Path) -> dict[str, Any]:
     if looks_like_decoder(path, proto.graph):
         report["generator"] = describe_generator(path)
     return report
-
-
-def _read_model(path: Path) -> onnx.ModelProto:
-    """The model's graph without its external data; ModelLoadError when `path` is not
-    an ONNX model."""
-    if not path.is_file():
-        raise ModelLoadError(f"{path} does not exist or is not a file")
-    if path.stat().st_size == 0:
-        raise ModelLoadError(f"{path} is empty (0 bytes), not an ONNX model")
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ModelLoadError(f"{path} is not a readable ONNX model: {exc}") from None
-    # Protobuf parses many byte strings as a message with no fields; a model has a graph.
-    if not proto.HasField("graph") or not proto.opset_import:
-        raise ModelLoadError(f"{path} is not an ONNX model: it holds no graph or no opset")
-    return proto
 
 
 def _try_providers(

@@ -20,6 +20,7 @@ from onnx import TensorProto
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from tensord.backends.base import TensorSpec
+from tensord.backends.onnx_file import read_onnx
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
 from tensord.registry.layout import SkippedEntry
@@ -120,13 +121,7 @@ def check_version(src: VersionSource) -> VersionCheck:
 def read_graph(path: Path) -> onnx.ModelProto:
     """The model without its weights, after onnx.checker (which also sees that external
     weight files exist); ModelLoadError saying why it is no usable ONNX model."""
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ModelLoadError(f"{path} is not a readable ONNX model: {exc}") from None
-    # Protobuf parses many byte strings (an empty file) as a message with no fields.
-    if not model.HasField("graph") or not model.opset_import:
-        raise ModelLoadError(f"{path} is not an ONNX model: it holds no graph or no opset")
+    model = read_onnx(path)
     _check_external_data(path, model)
     try:
         onnx.checker.check_model(str(path))  # by path: it reads no weights, finds their files

@@ -2,75 +2,26 @@
 (engine_client.py; local.py runs the models in this process), and the types a transport
 converts its messages to and from (types.py). Nothing here knows protobuf."""
 
+from tensord.dataplane import types
 from tensord.dataplane.admission import text_bytes
 from tensord.dataplane.engine_client import EngineClient
 from tensord.dataplane.local import LocalEngine
 from tensord.dataplane.plane import GENERATOR, NOT_SERVING, PREDICT, DataPlane, WrongKindError
-from tensord.dataplane.types import (
-    MAX_LOGPROBS,
-    BatchingSnapshot,
-    EngineCoreRequest,
-    EngineStats,
-    ExecutorSnapshot,
-    ExecutorStats,
-    GenerateCall,
-    GeneratorSnapshot,
-    HealthReport,
-    KVCacheStats,
-    ModelHealth,
-    ModelSnapshot,
-    ModelState,
-    ModelTable,
-    PredictCall,
-    PredictResult,
-    ProcessingReport,
-    Readiness,
-    RequestOutput,
-    RequestStats,
-    SamplingParams,
-    ServerInfo,
-    TableEntry,
-    TensorSpec,
-    TokenLogprob,
-)
+from tensord.dataplane.types import *  # noqa: F403 (types.__all__, re-exported whole)
 from tensord.registry.changes import RepositoryChanges
 from tensord.registry.registry import BackendFactory, default_backend_factory
 
 __all__ = [
     "GENERATOR",
-    "MAX_LOGPROBS",
     "NOT_SERVING",
     "PREDICT",
     "BackendFactory",
-    "BatchingSnapshot",
     "DataPlane",
     "EngineClient",
-    "EngineCoreRequest",
-    "EngineStats",
-    "ExecutorSnapshot",
-    "ExecutorStats",
-    "GenerateCall",
-    "GeneratorSnapshot",
-    "HealthReport",
-    "KVCacheStats",
     "LocalEngine",
-    "ModelHealth",
-    "ModelSnapshot",
-    "ModelState",
-    "ModelTable",
-    "PredictCall",
-    "PredictResult",
-    "ProcessingReport",
-    "Readiness",
     "RepositoryChanges",
-    "RequestOutput",
-    "RequestStats",
-    "SamplingParams",
-    "ServerInfo",
-    "TableEntry",
-    "TensorSpec",
-    "TokenLogprob",
     "WrongKindError",
     "default_backend_factory",
     "text_bytes",
 ]
+__all__ += types.__all__

@@ -13,6 +13,7 @@ tinylm  a Llama-style decoder that streams tokens (tensord.demo.generator), in H
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,34 @@ OPSET = 17
 IR_VERSION = 9  # read by every ONNX Runtime release tensord supports
 
 
+_Value = tuple[str, int, Sequence[str | int]]
+"""A graph input or output: name, element type (TensorProto), dimensions."""
+
+
 def _init(
     rng: np.random.Generator, name: str, shape: tuple[int, ...], fan_in: int
 ) -> onnx.TensorProto:
     weights = rng.normal(0.0, np.sqrt(2.0 / fan_in), size=shape).astype(np.float32)
     return numpy_helper.from_array(weights, name)
+
+
+def _model(
+    name: str,
+    nodes: list[onnx.NodeProto],
+    inputs: Sequence[_Value],
+    outputs: Sequence[_Value],
+    inits: list[onnx.TensorProto],
+    doc: str,
+) -> onnx.ModelProto:
+    """A demo model: its graph of `nodes`, (name, element type, dims) inputs and outputs."""
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info(*value) for value in inputs],
+        [helper.make_tensor_value_info(*value) for value in outputs],
+        inits,
+    )
+    return _finish(graph, doc)
 
 
 def _finish(graph: onnx.GraphProto, doc: str) -> onnx.ModelProto:
@@ -63,14 +87,11 @@ def build_mlp(seed: int = 0) -> onnx.ModelProto:
         if not last:
             nodes.append(helper.make_node("Relu", [gemm_out], [out], name=f"relu{i}"))
         current = out
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 512])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 10])],
-        inits,
+    inputs: list[_Value] = [("input", TensorProto.FLOAT, ["batch", 512])]
+    outputs: list[_Value] = [("output", TensorProto.FLOAT, ["batch", 10])]
+    return _model(
+        "mlp", nodes, inputs, outputs, inits, "tensord demo MLP: 512 -> 1024 -> 1024 -> 1024 -> 10"
     )
-    return _finish(graph, "tensord demo MLP: 512 -> 1024 -> 1024 -> 1024 -> 10")
 
 
 def build_cnn(seed: int = 1) -> onnx.ModelProto:
@@ -91,14 +112,16 @@ def build_cnn(seed: int = 1) -> onnx.ModelProto:
         *_conv_trunk("x0"),
         helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
     ]
-    graph = helper.make_graph(
-        nodes,
+    inputs: list[_Value] = [("image", TensorProto.UINT8, ["batch", 3, 32, 32])]
+    outputs: list[_Value] = [("probabilities", TensorProto.FLOAT, ["batch", 10])]
+    return _model(
         "cnn",
-        [helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", 3, 32, 32])],
-        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 10])],
+        nodes,
+        inputs,
+        outputs,
         inits,
+        "tensord demo CNN: uint8 NCHW 3x32x32 images -> 10 class probabilities",
     )
-    return _finish(graph, "tensord demo CNN: uint8 NCHW 3x32x32 images -> 10 class probabilities")
 
 
 def _conv_trunk(source: str) -> list[onnx.NodeProto]:
@@ -130,14 +153,16 @@ def build_classifier(seed: int = 2) -> onnx.ModelProto:
         numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "fc_b"),
     ]
     nodes = _conv_trunk("pixels")
-    graph = helper.make_graph(
-        nodes,
+    inputs: list[_Value] = [("pixels", TensorProto.FLOAT, ["batch", 3, 32, 32])]
+    outputs: list[_Value] = [("logits", TensorProto.FLOAT, ["batch", 10])]
+    return _model(
         "classifier",
-        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        nodes,
+        inputs,
+        outputs,
         inits,
+        "tensord demo classifier: normalised NCHW 3x32x32 -> 10 logits",
     )
-    return _finish(graph, "tensord demo classifier: normalised NCHW 3x32x32 -> 10 logits")
 
 
 _MODEL_TOML = {

@@ -7,7 +7,7 @@ executors' locked stats, the batchers' counters) and never hold the event loop.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client.core import (
@@ -165,12 +165,8 @@ class ModelCollector(Collector):
             '(direction "load": into slots; "save": into the store).',
             labels=[*labels, "direction"],
         )
-        for mv in versions:
-            engine = mv.engine if isinstance(mv, GeneratorVersion) else None
-            if engine is None:
-                continue
+        for values, engine in _running(versions, GeneratorVersion, "engine"):
             stats = engine.stats()
-            values = [mv.name, str(mv.version)]
             for family, value in families:
                 family.add_metric(values, value(stats))
             copied.add_metric([*values, "load"], stats.prefix_bytes_loaded)
@@ -211,12 +207,8 @@ class ModelCollector(Collector):
             "Most bytes ever in use at once.",
             labels=pool_labels,
         )
-        for mv in versions:
-            executor = mv.executor if isinstance(mv, PredictVersion) else None
-            if executor is None:
-                continue
+        for values, executor in _running(versions, PredictVersion, "executor"):
             stats = executor.stats()
-            values = [mv.name, str(mv.version)]
             queued.add_metric(values, stats.queue_depth)
             running.add_metric(values, stats.running)
             runs.add_metric(values, stats.started)
@@ -226,6 +218,17 @@ class ModelCollector(Collector):
                 cached.add_metric([*values, pool], ps.cached_bytes)
                 high.add_metric([*values, pool], ps.high_water_bytes)
         yield from (queued, running, runs, busy, in_use, cached, high)
+
+
+def _running(
+    versions: Iterable[ModelVersion], kind: type[ModelVersion], part: str
+) -> Iterator[tuple[list[str], Any]]:
+    """Each loaded version of `kind` with its running `part` (its engine, its executor):
+    the metrics' label values (model, version) and the part."""
+    for mv in versions:
+        running = getattr(mv, part) if isinstance(mv, kind) else None
+        if running is not None:
+            yield [mv.name, str(mv.version)], running
 
 
 class GpuMemoryCollector(Collector):

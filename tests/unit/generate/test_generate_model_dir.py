@@ -17,7 +17,7 @@ from tensord.demo.decoder_graph import DecoderShape
 from tensord.demo.generator import DemoGeneratorOptions, build_demo_generator
 from tensord.dtypes import DType
 from tensord.errors import ModelLoadError
-from tensord.generate.model.hf_config import MAX_JSON_BYTES, GenerationDefaults
+from tensord.generate.model.hf_config import MAX_JSON_BYTES, FileDefaults
 from tensord.generate.model.model_dir import (
     MAX_TOKENIZER_BYTES,
     is_generator_dir,
@@ -77,7 +77,7 @@ def test_demo_spec(tinylm: Path) -> None:
         True,
         0,
     )
-    assert spec.defaults == GenerationDefaults(max_new_tokens=256)
+    assert spec.defaults == FileDefaults(max_new_tokens=256)
     assert spec.external_data_paths == ()
     assert spec.generation_config_path == tinylm / "generation_config.json"
     assert is_generator_dir(tinylm)
@@ -130,7 +130,7 @@ def test_gpt2_style_keys_and_no_tokenizer_config(tinylm: Path, tmp_path: Path) -
     assert spec.eos_token_ids == (2, 0)  # generation_config.json wins over config.json
     # No tokenizer_config.json: tokenizer.json's post-processor adds <s>, so prompts start with it.
     assert (spec.bos_token_id, spec.add_bos_token, spec.pad_token_id) == (1, True, None)
-    assert spec.defaults == GenerationDefaults(do_sample=True, temperature=0.7, top_k=40)
+    assert spec.defaults == FileDefaults(do_sample=True, temperature=0.7, top_k=40)
 
 
 def test_config_spellings_as_transformers_reads_them(tinylm: Path, tmp_path: Path) -> None:

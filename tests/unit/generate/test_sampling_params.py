@@ -8,8 +8,7 @@ import pytest
 from tensord.errors import InvalidArgumentError
 from tensord.generate.core.request import Request, RequestStatus
 from tensord.generate.core.sampling_params import GenerationDefaults, SamplingParams
-from tensord.generate.model.hf_config import GenerationDefaults as HfGenerationDefaults
-from tensord.generate.model.hf_config import JsonFile, read_generation_defaults
+from tensord.generate.model.hf_config import FileDefaults, JsonFile, read_generation_defaults
 
 DEFAULTS = GenerationDefaults(temperature=0.7, top_p=0.9, eos_token_ids=(2, 7))
 
@@ -35,9 +34,9 @@ def test_generation_config_fills_what_the_request_leaves_out() -> None:
 def test_defaults_for_an_empty_generation_config() -> None:
     # The daemon reads generation_config.json with hf_config.read_generation_defaults.
     empty = read_generation_defaults(JsonFile(None, {"eos_token_id": 50256}))
-    assert empty == HfGenerationDefaults()
+    assert empty == FileDefaults()
     nulls = {"temperature": None, "top_k": None, "max_new_tokens": None, "eos_token_id": None}
-    assert read_generation_defaults(JsonFile(None, nulls)) == HfGenerationDefaults()
+    assert read_generation_defaults(JsonFile(None, nulls)) == FileDefaults()
     defaults = GenerationDefaults(eos_token_ids=(50256,))
     resolved = SamplingParams().resolve(defaults, prompt_len=3, max_model_len=16)
     assert (resolved.temperature, resolved.top_k, resolved.top_p) == (1.0, 0, 1.0)

@@ -108,8 +108,7 @@ def test_broken_models_are_reported_with_why_and_exit_1(
         f"model problem: dangling v1: {root}/dangling/1/model.onnx: onnx.checker refuses the "
         "model: Nodes in a graph must be topologically sorted, however input 'nope' of node: "
         "name: OpType: Relu is not output of any previous nodes.",
-        f"model problem: empty v1: {root}/empty/1/model.onnx is not an ONNX model: it holds no "
-        "graph or no opset",
+        f"model problem: empty v1: {root}/empty/1/model.onnx is empty (0 bytes), not an ONNX model",
         f"model problem: external v1: {root}/external/1/model.onnx: initializer 'w' keeps its "
         f"weights in 'weights.bin', but {root}/external/1/weights.bin does not exist",
         f"model problem: garbage v1: {root}/garbage/1/model.onnx is not a readable ONNX model: "

@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 
 from tensord.errors import ModelLoadError
 from tensord.files import read_regular_file
+from tensord.generate.core.sampling_params import GenerationDefaults
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 """The largest config.json, generation_config.json or tokenizer_config.json read (the
@@ -133,23 +134,17 @@ class JsonFile:
 
 
 @dataclass(slots=True, frozen=True)
-class GenerationDefaults:
-    """generation_config.json's sampling values. A key that is absent has no effect here
-    (top_k 0 and top_p 1.0 disable their filters), unlike transformers' implicit top_k 50."""
+class FileDefaults(GenerationDefaults):
+    """generation_config.json's sampling values, and whether it samples (`do_sample`). A key
+    that is absent has no effect here (top_k 0 and top_p 1.0 disable their filters), unlike
+    transformers' implicit top_k 50."""
 
     do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    max_new_tokens: int | None = None
-    max_length: int | None = None
-    """Prompt plus generated tokens, as transformers counts it."""
 
 
-def read_generation_defaults(generation: JsonFile) -> GenerationDefaults:
+def read_generation_defaults(generation: JsonFile) -> FileDefaults:
     """Sampling defaults from generation_config.json (all defaults when it is absent)."""
-    base = GenerationDefaults()
+    base = FileDefaults()
     top_k = generation.int_or_none(("top_k",), minimum=0)
     temperature = generation.float_or_none("temperature", 0.0)
     top_p = generation.float_or_none("top_p", 0.0, 1.0)
@@ -158,7 +153,7 @@ def read_generation_defaults(generation: JsonFile) -> GenerationDefaults:
         name = "top_p" if top_p == 0.0 else "repetition_penalty"
         raise ModelLoadError(f"{generation.path}: {name} must be > 0")
     do_sample = generation.bool_or_none("do_sample")
-    return GenerationDefaults(
+    return FileDefaults(
         do_sample=base.do_sample if do_sample is None else do_sample,
         temperature=base.temperature if temperature is None else temperature,
         top_k=base.top_k if top_k is None else top_k,

@@ -39,7 +39,7 @@ from tensord.generate.model.graph_io import (
 from tensord.generate.model.hf_config import (
     CHAT_TEMPLATE_FILE,
     ChatTemplate,
-    GenerationDefaults,
+    FileDefaults,
     JsonFile,
     read_chat_template,
     read_generation_defaults,
@@ -120,7 +120,7 @@ class GeneratorSpec:
     """Whether a text prompt starts with bos_token_id (tokenizer_config.json, else whether
     tokenizer.json's post-processor adds it)."""
     pad_token_id: int | None
-    defaults: GenerationDefaults
+    defaults: FileDefaults
     """Sampling defaults from generation_config.json."""
     notes: tuple[str, ...] = ()
     """What the load settled that the log should say (config.json and the graph disagreed

@@ -220,6 +220,16 @@ def look_infer(walk: Walk, spec: InferFields) -> Look:
     return look
 
 
+def look_model(walk: Walk, version_text: Callable[[str], int] | None = None) -> Look:
+    """A small request naming a model and perhaps a version (Health, ModelReady,
+    ModelMetadata): both read, the name checked as soon as it is read."""
+    small_message(walk)
+    look = Look()
+    for field in walk.fields():
+        model_and_version(walk, field, look, version_text)
+    return look
+
+
 def look_empty(walk: Walk) -> Look:
     """A small message with no fields the intake reads (InfoRequest, ServerLive): unknown
     fields are only counted."""

@@ -18,8 +18,7 @@ from tensord.server.kit.look import (
     Walk,
     look_empty,
     look_infer,
-    model_and_version,
-    small_message,
+    look_model,
 )
 
 
@@ -48,14 +47,8 @@ INFER_FIELDS = InferFields(
 """ModelInferRequest: model_name 1, model_version 2 (a string), inputs 5, outputs 6."""
 
 
-def _look_model(walk: Walk) -> Look:
-    """ModelReady, ModelMetadata, ModelConfig, ModelStatistics: a name and a version."""
-    small_message(walk)
-    look = Look()
-    for field in walk.fields():
-        model_and_version(walk, field, look, parse_version)
-    return look
-
+_look_model = partial(look_model, version_text=parse_version)
+"""ModelReady, ModelMetadata, ModelConfig, ModelStatistics: a name and a version string."""
 
 LOOKERS: dict[str, Callable[[Walk], Look]] = {
     "ServerLive": look_empty,
