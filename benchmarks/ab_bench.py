@@ -1,7 +1,8 @@
-"""The one-process daemon against another commit of itself: no regression, measured.
+"""The daemon against another commit of itself: no regression, measured (one process, or
+with `--frontends N` both daemons with N frontend processes and an engine).
 
     python benchmarks/ab_bench.py --base REV [--rounds 9] [--concurrency 1,32] [--duration 3]
-        [--streams 1,16] [--requests N] [--only predict|generate]
+        [--streams 1,16] [--requests N] [--only predict|generate] [--frontends N]
 
 Checks REV out into build/ab/<sha> (a detached git worktree, kept for later runs), starts
 the daemon of that checkout and of this one side by side on the demo repository, and loads
@@ -24,8 +25,8 @@ The results go to benchmarks/results/ab-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,6 +137,9 @@ def main() -> int:
     )
     parser.add_argument("--prompt-len", type=int, default=32, help="Generate: prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=64, help="Generate: tokens a request")
+    parser.add_argument(
+        "--frontends", type=int, default=0, help="frontend processes of both daemons (0: one)"
+    )
     parser.add_argument("--repository", type=Path, default=REPO / "build" / "demo-models")
     parser.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
@@ -146,10 +150,16 @@ def main() -> int:
         print(note, flush=True)
     points: list[dict[str, Any]] = []
     generated: list[dict[str, Any]] = []
-    with ProcessGroup() as procs, open(os.devnull, "w") as log:
+    with ProcessGroup() as procs, tempfile.TemporaryDirectory() as logs:
         path = checkout_pythonpath(base)
-        old = start_tensord(procs, args.repository, log, name="base", pythonpath=path)
-        new = start_tensord(procs, args.repository, log, name="this")
+        old, new = (
+            start_tensord(
+                procs, args.repository, open(Path(logs) / f"{name}.log", "w+"),  # noqa: SIM115
+                "info" if args.frontends else "warning", frontends=args.frontends or None,
+                name=name, pythonpath=pythonpath,
+            )
+            for name, pythonpath in (("base", path), ("this", ""))
+        )  # fmt: skip
         time.sleep(1.0)
         for n in (int(c) for c in args.concurrency.split(",") if args.only != "generate"):
             client = "sync" if n == 1 else "aio"
@@ -168,7 +178,9 @@ def main() -> int:
             points.append({"concurrency": n, "rounds": rounds, "ratio": ratio})
         if args.only != "predict":
             generated = generate(args, old, new)
-    print(f"\nthis checkout against {args.base} ({base.name}), medians of {args.rounds} rounds:")
+    mode = f"{args.frontends} frontends" if args.frontends else "one process"
+    print(f"\nthis checkout against {args.base} ({base.name}), {mode}, medians of {args.rounds} "
+          "rounds:")  # fmt: skip
     if points:
         print("| in flight | base req/s | this req/s | base p50 ms | this p50 ms | ratio |")
         print("| --- | --- | --- | --- | --- | --- |")
@@ -189,7 +201,7 @@ def main() -> int:
         args.results_dir,
         "ab",
         started,
-        {"base": args.base, "points": points, "generate": generated},
+        {"base": args.base, "frontends": args.frontends, "points": points, "generate": generated},
     )
     return 0
 

@@ -3,8 +3,8 @@ as Triton and KServe define it: a facade over the same data plane as tensord.v1.
 
 Its calls go through the same RPC decorators (intake, authorization, request ids,
 metrics, logs, one failure path), so a ModelInfer is validated, queued, batched, limited
-and counted as a Predict is. Protocol messages are converted in kserve_codec.py and
-kserve_converters.py; the streaming extension (ModelStreamInfer), the repository,
+and counted as a Predict is. Protocol messages are converted in codec.py and
+converters.py beside it; the streaming extension (ModelStreamInfer), the repository,
 shared-memory, trace and log RPCs are not registered: gRPC answers UNIMPLEMENTED.
 """
 
