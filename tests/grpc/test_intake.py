@@ -129,13 +129,13 @@ def test_prompts_too_long_for_the_model_are_never_tokenized(server: ServerThread
     assert "the prompt has 2000000 tokens" in error.details()
     unpacked = field(1, b"tinylm") + field(4, 7) * 3000  # past the field budget first
     assert raw_call(server, GENERATE, unpacked, stream=True).code() == EXHAUSTED
-    sampling = field(1, b"tinylm") + field(3, b"hi") + field(5, field(7, b"x" * 70_000))
+    sampling = field(1, b"tinylm") + field(3, b"hi") + field(5, field(7, b"x" * 1_100_000))
     error = raw_call(server, GENERATE, sampling, stream=True)
-    assert error.details().startswith("sampling takes more than 65536 bytes; sampling")
+    assert error.details().startswith("sampling takes more than 1048576 bytes; sampling")
     # protobuf merges repeated occurrences of a message field: their sizes add up
-    merged = field(1, b"tinylm") + field(5, field(8, varint(5) * 30_000)) * 3
+    merged = field(1, b"tinylm") + field(5, field(8, varint(5) * 400_000)) * 3
     error = raw_call(server, GENERATE, merged, stream=True)
-    assert error.details().startswith("sampling takes more than 65536 bytes; sampling")
+    assert error.details().startswith("sampling takes more than 1048576 bytes; sampling")
 
 
 def test_a_generate_for_another_model_is_refused_before_parsing(server: ServerThread) -> None:

@@ -294,7 +294,14 @@ def test_errors_in_openai_shape(api: Any) -> None:
     chat_cases = [
         dict(model=PLAIN, messages=MESSAGES),  # no chat template
         dict(model=MODEL, messages=MESSAGES, n=2),
-        dict(model=MODEL, messages=MESSAGES, response_format={"type": "json_object"}),
+        dict(model=MODEL, messages=MESSAGES, response_format={"type": "xml"}),
+        dict(
+            model=MODEL,
+            messages=MESSAGES,
+            response_format={"type": "json_object"},
+            n=1,
+            extra_body={"guided_regex": "a+"},
+        ),  # two constraints
         dict(
             model=MODEL,
             messages=MESSAGES,

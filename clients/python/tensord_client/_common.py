@@ -139,6 +139,21 @@ def predict_outputs(response: pb.PredictResponse) -> dict[str, np.ndarray]:
     return {t.name: decode_tensor(t) for t in response.outputs}
 
 
+def constraint_message(constraint: Mapping[str, Any]) -> pb.Constraint:
+    """A Constraint from one key: `json_schema` (a schema as a dict or JSON text),
+    `json_object` (True), `regex`, `choice` (a list of strings) or `grammar` (Lark)."""
+    if len(constraint) != 1:
+        raise ValueError(
+            "a constraint has one key: json_schema, json_object, regex, choice or grammar"
+        )
+    ((kind, value),) = constraint.items()
+    if kind == "json_schema" and not isinstance(value, str):
+        value = json.dumps(value)
+    if kind == "choice":
+        return pb.Constraint(choice=pb.Choices(choices=list(value)))
+    return pb.Constraint(**{kind: value})
+
+
 def generate_request(
     model: str,
     prompt: str | None,
@@ -160,6 +175,8 @@ def generate_request(
         fields["stop_token_ids"] = [fields["stop_token_ids"]]
     if "stop_token_ids" in fields:
         fields["stop_token_ids"] = [int(t) for t in fields["stop_token_ids"]]
+    if isinstance(fields.get("constraint"), Mapping):
+        fields["constraint"] = constraint_message(fields["constraint"])
     return pb.GenerateRequest(
         model=model,
         version=version,

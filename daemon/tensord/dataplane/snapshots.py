@@ -102,6 +102,7 @@ def generator_snapshot(engine: GenerationEngine) -> GeneratorSnapshot:
         kv_path_reason=engine.kv.reason,
         slot_bytes=engine.kv.slot_bytes,
         prefix_block_bytes=store.block_bytes if (store := engine.kv.prefix_store) else 0,
+        constraints=engine.constraints.kinds,
     )
 
 

@@ -21,6 +21,7 @@ from tensord.generate.core.kv_cache_manager import KVCacheStats
 from tensord.generate.core.outputs import RequestOutput, TokenLogprob
 from tensord.generate.core.sampling_params import (
     DEFAULT_MAX_LOGPROBS,
+    Constraint,
     ResolvedSamplingParams,
     SamplingParams,
 )
@@ -34,6 +35,7 @@ from tensord.registry.version import ModelState, RequestStats
 __all__ = [
     "MAX_LOGPROBS",
     "BatchingSnapshot",
+    "Constraint",
     "EngineCoreRequest",
     "EngineStats",
     "ExecutorSnapshot",
@@ -185,6 +187,8 @@ class GeneratorSnapshot:
     slot_bytes: int = 0
     prefix_block_bytes: int = 0
     """Bytes of one block of the prefix store on KV slots (0: none)."""
+    constraints: tuple[str, ...] = ()
+    """The constraint kinds Generate takes (structured output); empty: none."""
 
 
 @dataclass(slots=True)

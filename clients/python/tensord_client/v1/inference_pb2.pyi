@@ -157,7 +157,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs")
+    __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "constraint")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class SamplingParams(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     temperature: float
     top_k: int
@@ -178,7 +179,28 @@ class SamplingParams(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
     logprobs: int
-    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ...) -> None: ...
+    constraint: Constraint
+    def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[int] = ..., constraint: _Optional[_Union[Constraint, _Mapping]] = ...) -> None: ...
+
+class Constraint(_message.Message):
+    __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar")
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    json_schema: str
+    json_object: bool
+    regex: str
+    choice: Choices
+    grammar: str
+    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[Choices, _Mapping]] = ..., grammar: _Optional[str] = ...) -> None: ...
+
+class Choices(_message.Message):
+    __slots__ = ("choices",)
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    choices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("index", "token_ids", "text", "logprobs", "finish_reason", "usage")
@@ -385,7 +407,7 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ..., instance_count: _Optional[int] = ..., dynamic_batching: _Optional[_Union[DynamicBatching, _Mapping]] = ..., executor_status: _Optional[_Union[ExecutorStatus, _Mapping]] = ..., preprocess: _Optional[_Union[ProcessingStep, _Mapping]] = ..., postprocess: _Optional[_Union[ProcessingStep, _Mapping]] = ..., generator: _Optional[_Union[GeneratorStatus, _Mapping]] = ...) -> None: ...
 
 class GeneratorStatus(_message.Message):
-    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_queue_size", "running", "waiting", "kv_cache", "steps", "generated_tokens", "prefix_hit_tokens", "preemptions", "eos_token_ids", "stream_interval", "batch_layout", "batch_layout_reason", "model_passes", "pass_sequences", "max_pass_sequences", "kv_path", "kv_path_reason", "slot_bytes", "slot_moves", "step_seconds", "model_seconds", "prefix_query_tokens", "prefix_store", "prefix_bytes_loaded", "prefix_bytes_saved")
+    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_queue_size", "running", "waiting", "kv_cache", "steps", "generated_tokens", "prefix_hit_tokens", "preemptions", "eos_token_ids", "stream_interval", "batch_layout", "batch_layout_reason", "model_passes", "pass_sequences", "max_pass_sequences", "kv_path", "kv_path_reason", "slot_bytes", "slot_moves", "step_seconds", "model_seconds", "prefix_query_tokens", "prefix_store", "prefix_bytes_loaded", "prefix_bytes_saved", "constraints")
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -414,6 +436,7 @@ class GeneratorStatus(_message.Message):
     PREFIX_STORE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_BYTES_LOADED_FIELD_NUMBER: _ClassVar[int]
     PREFIX_BYTES_SAVED_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -442,7 +465,8 @@ class GeneratorStatus(_message.Message):
     prefix_store: KvCacheStatus
     prefix_bytes_loaded: int
     prefix_bytes_saved: int
-    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache: _Optional[_Union[KvCacheStatus, _Mapping]] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., stream_interval: _Optional[int] = ..., batch_layout: _Optional[str] = ..., batch_layout_reason: _Optional[str] = ..., model_passes: _Optional[int] = ..., pass_sequences: _Optional[int] = ..., max_pass_sequences: _Optional[int] = ..., kv_path: _Optional[str] = ..., kv_path_reason: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., slot_moves: _Optional[int] = ..., step_seconds: _Optional[float] = ..., model_seconds: _Optional[float] = ..., prefix_query_tokens: _Optional[int] = ..., prefix_store: _Optional[_Union[KvCacheStatus, _Mapping]] = ..., prefix_bytes_loaded: _Optional[int] = ..., prefix_bytes_saved: _Optional[int] = ...) -> None: ...
+    constraints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_cache: _Optional[_Union[KvCacheStatus, _Mapping]] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., preemptions: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., stream_interval: _Optional[int] = ..., batch_layout: _Optional[str] = ..., batch_layout_reason: _Optional[str] = ..., model_passes: _Optional[int] = ..., pass_sequences: _Optional[int] = ..., max_pass_sequences: _Optional[int] = ..., kv_path: _Optional[str] = ..., kv_path_reason: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., slot_moves: _Optional[int] = ..., step_seconds: _Optional[float] = ..., model_seconds: _Optional[float] = ..., prefix_query_tokens: _Optional[int] = ..., prefix_store: _Optional[_Union[KvCacheStatus, _Mapping]] = ..., prefix_bytes_loaded: _Optional[int] = ..., prefix_bytes_saved: _Optional[int] = ..., constraints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class KvCacheStatus(_message.Message):
     __slots__ = ("block_size", "total_blocks", "used_blocks", "free_blocks", "cached_blocks", "utilization", "block_bytes", "total_bytes")

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from tensord.generate.core.sampling_params import ResolvedSamplingParams
+
+
+class TokenConstraint(Protocol):
+    """A request's structured-output matcher (worker/grammar.py): which tokens may come
+    next, and whether the structure is complete."""
+
+    def consume_token(self, token: int) -> bool: ...
+
+    def is_stopped(self) -> bool: ...
 
 
 class RequestStatus(enum.IntEnum):
@@ -77,6 +87,8 @@ class Request:
     """bool [V]: tokens in the prompt or output, kept by the sampler for the repetition
     penalty and brought up to date from `all_token_ids[seen_token_count:]`."""
     seen_token_count: int = field(default=0, init=False, repr=False)
+    constraint: TokenConstraint | None = field(default=None, init=False, repr=False)
+    """The matcher its output is held to (structured output); None: unconstrained."""
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -51,6 +51,34 @@ class GenerationDefaults:
     eos_token_ids: tuple[int, ...] = ()
 
 
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+"""What a request's output may be held to: a JSON schema (its text), any JSON object, a
+regular expression, one of a list of strings (a JSON array of them), or a Lark grammar."""
+
+
+@dataclass(slots=True, frozen=True)
+class Constraint:
+    """A structure the output must match (structured output); `text` is the schema, the
+    regular expression, the JSON array of choices or the grammar ("" for json_object)."""
+
+    kind: str
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise InvalidArgumentError(
+                f"constraint kind {self.kind[:64]!r} is unknown; expected one of "
+                f"{', '.join(CONSTRAINT_KINDS)}"
+            )
+        try:
+            self.text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON's \ud800 escapes: no UTF-8 text holds one
+            raise InvalidArgumentError(
+                f"the {self.kind} constraint is not valid Unicode text: it holds a lone "
+                f"surrogate (U+{ord(self.text[exc.start]):04X}) at character {exc.start}"
+            ) from None
+
+
 @dataclass(slots=True, frozen=True)
 class ResolvedSamplingParams:
     """Every decoding choice for one request, checked, with no gaps."""
@@ -69,6 +97,8 @@ class ResolvedSamplingParams:
     logprobs: int = 0
     """Alternatives per token; 0 means no log probabilities."""
     eos_token_ids: frozenset[int] = frozenset()
+    constraint: Constraint | None = None
+    """The structure the output must match; None: unconstrained."""
 
     @property
     def greedy(self) -> bool:
@@ -96,6 +126,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int = 0
+    constraint: Constraint | None = None
 
     def resolve(
         self,
@@ -126,6 +157,11 @@ class SamplingParams:
         if not 0 <= seed < _UINT64_LIMIT:
             raise _bad("seed", seed, "must be in [0, 2^64)")
         _check_stops(self.stop, self.stop_token_ids, vocab_size)
+        if self.constraint is not None and self.ignore_eos:
+            raise InvalidArgumentError(
+                "sampling.ignore_eos cannot go with a constraint: a constrained output ends "
+                "when its structure is complete"
+            )
         return ResolvedSamplingParams(
             max_tokens=self._max_tokens(defaults, prompt_len, max_model_len),
             temperature=temperature,
@@ -138,6 +174,7 @@ class SamplingParams:
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
             eos_token_ids=frozenset(defaults.eos_token_ids),
+            constraint=self.constraint,
         )
 
     def _max_tokens(self, defaults: GenerationDefaults, prompt_len: int, max_model_len: int) -> int:

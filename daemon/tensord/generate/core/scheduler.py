@@ -357,6 +357,8 @@ class Scheduler:
         if token in params.stop_token_ids:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
+        if request.constraint is not None and request.constraint.is_stopped():
+            return RequestStatus.FINISHED_STOPPED  # the structure is complete
         if (
             request.num_output_tokens >= params.max_tokens
             or request.num_tokens >= self.config.max_model_len

@@ -23,8 +23,11 @@ import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import structlog
 
 from tensord.errors import DeviceLostError, InternalError, TensordError, UnavailableError
@@ -41,6 +44,7 @@ from tensord.generate.core.scheduler import Scheduler, SchedulerConfig
 from tensord.generate.core.scheduler_output import SchedulerOutput
 from tensord.generate.core.slot_manager import SlotMove
 from tensord.generate.core.slot_prefix import PrefixCopy, PrefixLoad
+from tensord.generate.engine.constrained import Constraints
 from tensord.generate.engine.handoff import OutputHandoff
 from tensord.generate.engine.kv_paths import KVPath
 from tensord.generate.engine.streams import OutputSink, OutputStreams
@@ -125,6 +129,7 @@ class GenerationEngine:
         self.runner = kv.runner
         self._moves: list[SlotMove] = []
         self.sampler = Sampler()
+        self.constraints = Constraints(name, directory, limits)
         self.defaults = sampling_defaults(spec)
         self._sinks: dict[str, tuple[OutputSink, Callable[[], None] | None]] = {}
         """Event loop: each live request's sink, and what to call once it has ended."""
@@ -166,13 +171,34 @@ class GenerationEngine:
         request_id = f"{self.name}-{next(_REQUEST_IDS)}"
         arrived = time.monotonic() if arrival_time is None else arrival_time
         request = Request(request_id, list(prompt_token_ids), resolved, arrived, deadline, priority)
+        ready = self.constraints.ready(request)
         with self._wake:
             if self._stopping is not None:
                 raise self._stopping
-            self.scheduler.add_request(request)
+            if ready:
+                self.scheduler.add_request(request)
+                self._wake.notify()
             self._sinks[request_id] = (sink, on_end)
-            self._wake.notify()
+        if not ready:  # it joins once its constraint is compiled
+            self.constraints.compile(request, self._admit_compiled)
         return request_id
+
+    def _admit_compiled(self, request: Request, error: TensordError | None) -> None:
+        """Event loop: a request's constraint compiled (or was refused, or took too long):
+        it joins the queue, or ends with why; an abort meanwhile dropped it."""
+        if request.request_id not in self._sinks:
+            return
+        if error is None:
+            try:
+                with self._wake:
+                    if self._stopping is not None:
+                        raise self._stopping
+                    self.scheduler.add_request(request)
+                    self._wake.notify()
+                return
+            except TensordError as exc:
+                error = exc
+        self._ended([request.request_id], error)
 
     async def generate(
         self,
@@ -327,6 +353,7 @@ class GenerationEngine:
             self._loop()
         finally:
             self.kv.close()
+            self.constraints.close()
 
     def _loop(self) -> None:
         while True:
@@ -398,11 +425,14 @@ class GenerationEngine:
             if loads:
                 with self._lock:
                     self.kv.loads_done(loads)
+        masking = self.constraints.start_masks(output)  # filled while the model runs
         logits = self.runner.execute(
             output.scheduled, before_run=lambda: self.handoff.release_due(streams)
         )
-        sampled, logprobs = self._sample(output, logits)
+        sampled, logprobs, refused = self._sample(output, logits, masking)
         with self._lock:
+            if refused:
+                self._fail(refused, InternalError("the output's constraint failed to match"))
             self._steps += 1
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
@@ -455,21 +485,40 @@ class GenerationEngine:
             self.kv.apply_loads(loads)
 
     def _sample(
-        self, output: SchedulerOutput, logits: StepLogits
-    ) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
-        """One token per row of the step's logits, for the request the row belongs to."""
+        self,
+        output: SchedulerOutput,
+        logits: StepLogits,
+        masking: tuple[list[Request], Future[Any]] | None,
+    ) -> tuple[dict[str, int], dict[str, TokenLogprob], list[str]]:
+        """One token per row of the step's logits, for the request the row belongs to,
+        inside its constraint where it has one; and the requests whose constraint failed."""
         if not logits.request_ids:
-            return {}, {}
+            return {}, {}, []
         by_id = {s.request_id: s.request for s in output.scheduled if s.request is not None}
         requests = [by_id[request_id] for request_id in logits.request_ids]
-        result = self.sampler.sample(logits.rows, requests)
-        sampled = dict(zip(logits.request_ids, result.token_ids.tolist(), strict=True))
+        masks: tuple[list[int], np.ndarray] | None = None
+        refused: list[str] = []
+        if masking is not None:
+            rows, bitmask, refused = self.constraints.masks_after(masking, logits.request_ids)
+            masks = (rows, bitmask)
+        result = self.sampler.sample(logits.rows, requests, masks)
+        tokens = result.token_ids.tolist()
+        if masks is not None:
+            rows = masks[0]
+            refused += self.constraints.consume(
+                [requests[i] for i in rows], [tokens[i] for i in rows]
+            )
+        sampled = {
+            request_id: token
+            for request_id, token in zip(logits.request_ids, tokens, strict=True)
+            if request_id not in refused
+        }
         logprobs = {
             request_id: lp
             for request_id, lp in zip(logits.request_ids, result.logprobs, strict=True)
             if lp is not None
         }
-        return sampled, logprobs
+        return sampled, logprobs, refused
 
     def _fail(self, request_ids: Sequence[str], error: TensordError) -> None:
         """Under the lock: finish requests (blocks freed) and end their streams with error."""

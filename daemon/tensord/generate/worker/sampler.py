@@ -26,6 +26,7 @@ import numpy as np
 from tensord.generate.core.outputs import TokenLogprob
 from tensord.generate.core.request import Request
 from tensord.generate.core.sampling_params import ResolvedSamplingParams
+from tensord.generate.worker.grammar import apply_masks
 
 TOP_P_CANDIDATES = (64, 1024)
 """Candidate counts tried in turn for top-p before the whole vocabulary."""
@@ -44,12 +45,23 @@ class SamplerOutput:
 class Sampler:
     """Samples one token per request from logits [N, V]."""
 
-    def sample(self, logits: np.ndarray, requests: Sequence[Request]) -> SamplerOutput:
-        """Row i of `logits` is the next-token distribution of `requests[i]`."""
+    def sample(
+        self,
+        logits: np.ndarray,
+        requests: Sequence[Request],
+        masks: tuple[Sequence[int], np.ndarray] | None = None,
+    ) -> SamplerOutput:
+        """Row i of `logits` is the next-token distribution of `requests[i]`; `masks`
+        (rows, int32 bitmask [len(rows), ceil(V / 32)]) leaves those rows only the tokens
+        their constraints allow. Log probabilities stay the model's own."""
         if logits.ndim != 2 or logits.shape[0] != len(requests):
             raise ValueError(
                 f"logits of shape {logits.shape} for {len(requests)} requests; expected [N, V]"
             )
+        raw = logits
+        if masks is not None and len(masks[0]):
+            logits = np.array(logits, dtype=np.float32)
+            apply_masks(logits, masks[0], masks[1])
         params = [request.sampling_params for request in requests]
         if all(p.argmax_only for p in params):  # the common greedy batch: argmax alone
             return SamplerOutput(logits.argmax(axis=1).astype(np.int64), [None] * len(params))
@@ -62,7 +74,7 @@ class Sampler:
         if rows:
             uniforms = np.array([requests[i].generator.random() for i in rows])
             token_ids[rows] = sample_rows(scores[rows], [params[i] for i in rows], uniforms)
-        return SamplerOutput(token_ids, token_logprobs(logits, token_ids, params))
+        return SamplerOutput(token_ids, token_logprobs(raw, token_ids, params))
 
 
 def _penalised(logits: np.ndarray, requests: Sequence[Request]) -> np.ndarray:

@@ -5,10 +5,11 @@ INVALID_ARGUMENT that names the field (`param`), and nothing the server cannot d
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensord.dataplane import MAX_LOGPROBS, SamplingParams
+from tensord.dataplane import MAX_LOGPROBS, Constraint, SamplingParams
 from tensord.errors import InvalidArgumentError
 
 _IGNORED = frozenset({"user", "metadata", "store", "service_tier"})
@@ -32,6 +33,12 @@ _COMMON = frozenset(
         "top_k",
         "repetition_penalty",
         "ignore_eos",
+        # Structured output: OpenAI's response_format, and vLLM's guided_* extensions.
+        "response_format",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
     }
 )
 _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
@@ -44,14 +51,12 @@ _CHAT_FIELDS = _COMMON | {
     "functions",
     "function_call",
     "parallel_tool_calls",
-    "response_format",
 }
 _UNSUPPORTED = {
     "tools": "tool calls are not supported",
     "tool_choice": "tool calls are not supported",
     "functions": "function calls are not supported",
     "function_call": "function calls are not supported",
-    "response_format": "structured output (response_format) is not supported",
     "suffix": "suffix (insertion) is not supported",
     "logit_bias": "logit_bias is not supported",
 }
@@ -169,7 +174,72 @@ def _sampling(body: dict[str, Any], max_tokens_field: str = "max_tokens") -> Sam
         seed=seed,
         stop=_stop(body),
         ignore_eos=bool(_typed(body, "ignore_eos", (bool,), "a boolean")),
+        constraint=_constraint(body),
     )
+
+
+_GUIDED = {
+    "guided_json": "json_schema",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+
+
+def _constraint(body: dict[str, Any]) -> Constraint | None:
+    """The structure the output must match: response_format (json_object, or json_schema
+    with its schema), or one of vLLM's guided_json / guided_regex / guided_choice /
+    guided_grammar; at most one."""
+    given = [name for name in ("response_format", *_GUIDED) if body.get(name) is not None]
+    if len(given) > 1:
+        raise RequestError(f"set one of {' and '.join(given)}, not both", given[1])
+    if not given:
+        return None
+    name = given[0]
+    if name == "response_format":
+        return _response_format(body[name])
+    value = body[name]
+    kind = _GUIDED[name]
+    if kind == "choice":
+        if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+            raise RequestError("guided_choice must be a list of strings", name)
+        return Constraint(kind, _dumps(value))
+    if kind == "json_schema" and isinstance(value, dict | bool):
+        return Constraint(kind, _dumps(value))
+    if not isinstance(value, str):
+        raise RequestError(f"{name} must be a string", name)
+    return Constraint(kind, value)
+
+
+def _response_format(value: Any) -> Constraint | None:
+    name = "response_format"
+    if not isinstance(value, dict):
+        raise RequestError("response_format must be an object with a type", name)
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_object")
+    if kind != "json_schema":
+        raise RequestError(
+            f"response_format.type {str(kind)[:64]!r} is not supported: use text, json_object "
+            "or json_schema",
+            name,
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise RequestError("response_format.json_schema must be an object", name)
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise RequestError("response_format.json_schema.schema must be a JSON schema object", name)
+    return Constraint("json_schema", _dumps(schema))
+
+
+def _dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError) as exc:
+        raise RequestError(f"the constraint is not valid JSON: {exc}") from None
 
 
 def _common(

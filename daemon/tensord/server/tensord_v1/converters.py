@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import cast
 
 from tensord.dataplane import (
     BatchingSnapshot,
+    Constraint,
     ExecutorStats,
     GenerateCall,
     GeneratorSnapshot,
@@ -22,6 +24,7 @@ from tensord.dataplane import (
     ServerInfo,
     TensorSpec,
 )
+from tensord.errors import InvalidArgumentError
 from tensord.server.tensord_v1.codec import decode_tensor, fill_tensor, pb_dtype
 from tensord.v1 import inference_pb2 as pb
 
@@ -66,6 +69,7 @@ def generate_call(request: pb.GenerateRequest, time_remaining: float | None) -> 
         stop_token_ids=tuple(s.stop_token_ids),
         ignore_eos=s.ignore_eos,
         logprobs=s.logprobs,
+        constraint=_constraint(s.constraint) if given("constraint") else None,
     )
     now = time.monotonic()
     deadline = None if time_remaining is None else now + time_remaining
@@ -79,6 +83,21 @@ def generate_call(request: pb.GenerateRequest, time_remaining: float | None) -> 
         arrival=now,
         priority=request.priority,
     )
+
+
+def _constraint(c: pb.Constraint) -> Constraint:
+    """A request's constraint; INVALID_ARGUMENT when none of its kinds is set."""
+    kind = c.WhichOneof("kind")
+    if kind is None or (kind == "json_object" and not c.json_object):
+        raise InvalidArgumentError(
+            "sampling.constraint has no kind set: set one of json_schema, json_object (true), "
+            "regex, choice or grammar"
+        )
+    if kind == "json_object":
+        return Constraint(kind)
+    if kind == "choice":
+        return Constraint(kind, json.dumps(list(c.choice.choices), ensure_ascii=False))
+    return Constraint(kind, getattr(c, kind))
 
 
 _FINISH_REASONS = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
@@ -163,6 +182,7 @@ def generator_status(g: GeneratorSnapshot) -> pb.GeneratorStatus:
         prefix_store=_blocks(stats.prefix_store, g.prefix_block_bytes),
         prefix_bytes_loaded=stats.prefix_bytes_loaded,
         prefix_bytes_saved=stats.prefix_bytes_saved,
+        constraints=list(g.constraints),
     )
 
 

@@ -13,6 +13,10 @@ from tensord.server.kit import look as kit
 from tensord.server.kit.look import Look, Walk
 from tensord.wire import LENGTH
 
+_SAMPLING_BYTES = 1024 * 1024
+"""A Generate's sampling parameters are never larger: stop strings and ids are bounded by
+count, and a constraint (a JSON schema, a grammar) by [generator] max_constraint_bytes."""
+
 PREDICT_FIELDS = kit.InferFields(
     inputs=3,
     outputs=4,
@@ -41,11 +45,11 @@ def _look_generate(walk: Walk) -> Look:
             look.token_ids_exact &= exact
         elif field.number == 5 and field.wire_type == LENGTH:
             sampling += field.end - field.value  # protobuf merges every occurrence
-            if sampling > kit.SMALL_MESSAGE_BYTES:
+            if sampling > _SAMPLING_BYTES:
                 raise InvalidArgumentError(
-                    f"sampling takes more than {kit.SMALL_MESSAGE_BYTES} bytes; sampling "
-                    "parameters (stop strings and stop token ids included) fit in "
-                    f"{kit.SMALL_MESSAGE_BYTES}"
+                    f"sampling takes more than {_SAMPLING_BYTES} bytes; sampling parameters "
+                    f"(stop strings, stop token ids and a constraint included) fit in "
+                    f"{_SAMPLING_BYTES}"
                 )
             for _ in walk.fields(field.value, field.end):
                 pass
