@@ -144,7 +144,7 @@ FRONTENDS_TIER = tests/grpc/test_predict.py tests/grpc/test_health_info.py \
 	tests/grpc/test_generate.py tests/grpc/test_batching.py tests/grpc/test_random_requests.py \
 	tests/grpc/test_reflection.py tests/grpc/test_auth.py tests/grpc/test_limits.py \
 	tests/grpc/test_intake.py tests/grpc/test_client_api.py tests/grpc/test_readiness.py \
-	tests/grpc/test_builder_folders.py \
+	tests/grpc/test_builder_folders.py tests/grpc/test_structured_output.py \
 	tests/e2e/test_fuzz.py
 
 # onnxruntime-genai's model builder needs transformers >= 5, which tensord's venv cannot
@@ -171,6 +171,7 @@ bench: $(VENV)/.setup-dev $(VENV)/.setup-export demo
 	$(PY) benchmarks/generate_bench.py $(GENERATE_ARGS)
 	$(PY) benchmarks/generate_hf_bench.py --model builder $(GENERATE_HF_ARGS)
 	$(PY) benchmarks/generate_hf_bench.py --model optimum $(GENERATE_HF_ARGS)
+	$(PY) benchmarks/structured_bench.py
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
 	TENSORD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -p no:cacheprovider tests/e2e/test_fuzz.py
 

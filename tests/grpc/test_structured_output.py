@@ -181,6 +181,22 @@ def test_constraints_with_stop_strings_logprobs_and_preemption(client: Client) -
     assert status.preemptions > 0 and status.kv_cache.used_blocks == 0
 
 
+@pytest.mark.parametrize("model", [MODEL, HF])
+def test_prefix_reuse_with_constraints(client: Client, model: str) -> None:
+    """A prompt whose blocks were computed before (the paged pool's prefix cache, or the
+    host prefix store of KV slots) gives the same constrained reply."""
+    prompt = "a long shared preamble of words " * 4
+    schema = SCHEMAS["mixed_record"]
+    first = run(client, model, {"json_schema": schema}, prompt)
+    (info,) = [m for m in client.info().models if m.name == model]
+    hits = info.generator.prefix_hit_tokens
+    again = run(client, model, {"json_schema": schema}, prompt)
+    (info,) = [m for m in client.info().models if m.name == model]
+    assert info.generator.prefix_hit_tokens >= hits + 16
+    assert again == first
+    jsonschema.validate(json.loads(first[1]), schema)
+
+
 @pytest.mark.parametrize(
     ("constraint", "message"),
     [

@@ -83,7 +83,8 @@ def test_masks_match_llguidance_and_keep_the_sample_inside(grammars: Grammars) -
         grammars.matcher(Constraint("regex", "[ab]{2}")),
         grammars.matcher(Constraint("choice", '["yes", "no"]')),
     ]
-    bitmask = Masks(2048).fill(matchers)
+    bitmask = Masks(2048, parallel=False).fill(matchers)
+    np.testing.assert_array_equal(Masks(2048, parallel=True).fill(matchers), bitmask)
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(3, 2048)).astype(np.float32)
     ours = logits.copy()

@@ -13,6 +13,7 @@ so a slow constraint holds no KV block and no slot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -103,7 +104,8 @@ class Constraints:
                 error = exc
             except Exception as exc:
                 error = InternalError(f"compiling the constraint failed: {exc!r}")
-            loop.call_soon_threadsafe(decide, error)
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(decide, error)
 
         timer = loop.call_later(
             seconds,
@@ -141,16 +143,19 @@ class Constraints:
         requests, future = started
         bitmask = future.result()
         where = {request_id: i for i, request_id in enumerate(row_ids)}
+        any_allowed = bitmask.any(axis=1).tolist()
         rows, keep, failed = [], [], []
         for i, request in enumerate(requests):
             row = where.get(request.request_id)
             if row is None:
                 continue
-            if not bitmask[i].any():
+            if not any_allowed[i]:
                 failed.append(request.request_id)
                 continue
             rows.append(row)
             keep.append(i)
+        if len(keep) == len(requests):
+            return rows, bitmask, failed
         return rows, bitmask[keep], failed
 
     @staticmethod

@@ -19,6 +19,7 @@ whitespace.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -41,6 +42,8 @@ _JSON_OPTIONS: JsonCompileOptions = {
     "item_separator": ",",
     "key_separator": ":",
 }
+_PARALLEL_CORES = 8
+"""Cores from which a pass's masks are filled by llguidance's threads at once."""
 _ERROR_CHARS = 2000
 """The longest compiler message a refusal quotes."""
 
@@ -206,34 +209,52 @@ class Grammars:
 
 
 class Masks:
-    """The token masks of one pass: a bitmask row per constrained sequence, filled by
-    llguidance's threads for every matcher at once."""
+    """The token masks of one pass: a bitmask row per constrained sequence. On a host with
+    many cores llguidance's own threads fill the rows at once; on a few, one after another
+    on the calling thread (the parallel fill spends more CPU than it saves there)."""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, parallel: bool | None = None) -> None:
         self.vocab_size = vocab_size
         self._words = (vocab_size + 31) // 32
+        self._parallel = (os.cpu_count() or 1) >= _PARALLEL_CORES if parallel is None else parallel
         self._executor: Any = None
 
     def fill(self, matchers: Sequence[Any]) -> np.ndarray:
         """int32 [len(matchers), words]: bit t of row i says whether token t may follow
         matcher i's tokens so far."""
-        from llguidance import LLExecutor
-        from llguidance.numpy import fill_next_token_bitmask_par
+        bitmask = np.empty((len(matchers), self._words), dtype=np.int32)
+        if self._parallel and len(matchers) > 1:
+            from llguidance import LLExecutor
+            from llguidance.numpy import fill_next_token_bitmask_par
 
-        if self._executor is None:
-            self._executor = LLExecutor()
-        bitmask = np.full((len(matchers), self._words), -1, dtype=np.int32)
-        fill_next_token_bitmask_par(
-            self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask
-        )
+            if self._executor is None:
+                self._executor = LLExecutor()
+            pairs = [(m, i) for i, m in enumerate(matchers)]
+            fill_next_token_bitmask_par(self._executor, pairs, bitmask)
+        else:
+            row_bytes = self._words * 4
+            for i, matcher in enumerate(matchers):
+                matcher.unsafe_compute_mask_ptr(bitmask[i].ctypes.data, row_bytes)
         return bitmask
 
 
 def apply_masks(scores: np.ndarray, rows: Sequence[int], bitmask: np.ndarray) -> None:
-    """Set to -inf, in `scores` [N, V] (float32, in place), each token row `rows[i]` may
-    not take according to bitmask row i."""
+    """Set to -inf, in `scores` [N, V] (float32, C-contiguous, in place), each token row
+    `rows[i]` may not take according to bitmask row i. A constraint's mask allows few tokens
+    (JSON punctuation, digits) or nearly all (free text): the rarer side is written, after
+    one pass over the bits."""
     vocab = scores.shape[1]
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab]
-    block = scores[rows]
-    block[allowed == 0] = -np.inf
-    scores[rows] = block
+    every = len(rows) == scores.shape[0] and list(rows) == list(range(len(rows)))
+    block = scores if every else scores[rows]
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, count=vocab, bitorder="little")
+    allowed = bits.view(bool).reshape(-1)
+    flat = block.reshape(-1)
+    if np.count_nonzero(allowed) * 2 < allowed.size:
+        keep = np.flatnonzero(allowed)
+        values = flat[keep]
+        flat.fill(-np.inf)
+        flat[keep] = values
+    else:
+        flat[np.flatnonzero(~allowed)] = -np.inf
+    if not every:
+        scores[rows] = block

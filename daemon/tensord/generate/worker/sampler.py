@@ -60,7 +60,13 @@ class Sampler:
             )
         raw = logits
         if masks is not None and len(masks[0]):
-            logits = np.array(logits, dtype=np.float32)
+            if (
+                logits.dtype != np.float32
+                or not logits.flags.c_contiguous
+                or not logits.flags.writeable
+                or any(r.sampling_params.logprobs for r in requests)
+            ):
+                logits = np.array(logits, dtype=np.float32)  # the raw ones stay for logprobs
             apply_masks(logits, masks[0], masks[1])
         params = [request.sampling_params for request in requests]
         if all(p.argmax_only for p in params):  # the common greedy batch: argmax alone
