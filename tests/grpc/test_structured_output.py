@@ -224,6 +224,25 @@ def _properties(count: int) -> dict[str, Any]:
     return {"type": "object", "properties": patterns}
 
 
+def test_constraints_that_fail_while_generating_are_invalid_argument(client: Client) -> None:
+    """A matcher that cannot go on (an unsatisfiable expression, a bound llguidance cannot
+    take) ends its request with INVALID_ARGUMENT; the daemon serves on."""
+    for constraint, message in [
+        ({"regex": "[^\\s\\S]"}, "the constraint cannot go on"),
+        ({"json_schema": {"type": "integer", "minimum": -1e19, "maximum": -1e19}}, "2^53"),
+    ]:
+        with pytest.raises(TensordError) as error:
+            run(client, MODEL, constraint, max_tokens=5)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+        assert message in error.value.details()
+    # A repetition penalty that pushes allowed tokens far down leaves masked ones masked.
+    schema = SCHEMAS["person"]
+    _, text, _ = run(client, MODEL, {"json_schema": schema}, "a b c 0 1 2 { } : ,",
+                     repetition_penalty=1e38)  # fmt: skip
+    jsonschema.validate(json.loads(text), schema)
+    assert run(client, MODEL, {"choice": ["still"]})[1] == "still"
+
+
 def test_limits_refuse_large_and_slow_constraints(client: Client) -> None:
     assert run(client, TIGHT, {"choice": ["warm"]}, max_tokens=8)[1] == "warm"
     with pytest.raises(TensordError) as error:

@@ -150,6 +150,8 @@ def constraint_message(constraint: Mapping[str, Any]) -> pb.Constraint:
     if kind == "json_schema" and not isinstance(value, str):
         value = json.dumps(value)
     if kind == "choice":
+        if isinstance(value, str):
+            raise ValueError("choice takes a list of strings, not one string")
         return pb.Constraint(choice=pb.Choices(choices=list(value)))
     return pb.Constraint(**{kind: value})
 

@@ -109,10 +109,11 @@ class GeneratorConfig(Settings):
     copied into its slot instead of computing them again (the least recently used blocks
     make room). Default: as many bytes as the slots hold, at most 1 GiB; 0 turns prefix
     reuse off. On the paged pool the pool itself keeps prefixes, and this key is unused."""
-    max_constraint_bytes: int = Field(default=256 * 1024, ge=1, le=64 * 1024 * 1024)
+    max_constraint_bytes: int = Field(default=64 * 1024, ge=1, le=1024 * 1024)
     """The longest constraint a request may bring for structured output (a JSON schema, a
     regular expression, a list of choices or a grammar, in bytes): a longer one gets
-    INVALID_ARGUMENT before anything is compiled."""
+    INVALID_ARGUMENT before anything is compiled. A larger constraint can also take
+    longer per token to mask (every step of every sequence it holds to it)."""
     constraint_compile_seconds: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
     """How long compiling one constraint may take; a request whose constraint takes longer
     gets INVALID_ARGUMENT (the compiler also stops at its own work limits). A compiled
@@ -266,5 +267,5 @@ class GeneratorLimits:
     """Steps a stream's tokens are merged over; 0: chosen from the running streams."""
     layout: BatchLayout | None = None
     """The configured batch layout; None: chosen from the graph ("auto")."""
-    max_constraint_bytes: int = 256 * 1024
+    max_constraint_bytes: int = 64 * 1024
     constraint_compile_seconds: float = 10.0

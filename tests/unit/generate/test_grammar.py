@@ -105,3 +105,32 @@ def test_masks_match_llguidance_and_keep_the_sample_inside(grammars: Grammars) -
         assert allowed[out.token_ids[0]]
         # log probabilities are the model's own, not the masked ones
         assert out.logprobs == [None, None, None]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": -1e19, "maximum": -1e19},
+        {"type": "integer", "minimum": -9223372036854775807, "maximum": -9223372036854775806},
+        {"type": "object", "properties": {"a": {"type": "number", "maximum": 2**60}}},
+    ],
+)
+def test_bounds_llguidance_cannot_take_are_refused(grammars: Grammars, schema: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"beyond \+-2\^53"):
+        grammars.matcher(Constraint("json_schema", json.dumps(schema)))
+    grammar = "start: %json " + json.dumps(schema)
+    with pytest.raises(InvalidArgumentError, match=r"beyond \+-2\^53"):
+        grammars.matcher(Constraint("grammar", grammar))
+
+
+def test_boolean_schemas_and_fresh_refusals(grammars: Grammars) -> None:
+    assert not grammars.matcher(Constraint("json_schema", "true")).is_error()  # any JSON value
+    with pytest.raises(InvalidArgumentError, match="no output satisfies it"):
+        grammars.matcher(Constraint("json_schema", "false"))
+    refused = Constraint("regex", "((")
+    errors = []
+    for _ in range(3):
+        with pytest.raises(InvalidArgumentError) as error:
+            grammars.matcher(refused)
+        errors.append(error.value)
+    assert len({id(e) for e in errors}) == 3  # a kept error's traceback would grow

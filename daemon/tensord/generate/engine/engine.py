@@ -178,9 +178,9 @@ class GenerationEngine:
             if ready:
                 self.scheduler.add_request(request)
                 self._wake.notify()
+            else:  # it joins once its constraint is compiled (never before this returns)
+                self.constraints.compile(request, self._admit_compiled)
             self._sinks[request_id] = (sink, on_end)
-        if not ready:  # it joins once its constraint is compiled
-            self.constraints.compile(request, self._admit_compiled)
         return request_id
 
     def _admit_compiled(self, request: Request, error: TensordError | None) -> None:
@@ -243,6 +243,7 @@ class GenerationEngine:
         """Abort a request (event loop): its sink hears nothing more, its blocks are freed
         at the next step."""
         self._end(request_id)
+        self.constraints.drop(request_id)
         with self._wake:
             self._aborts.append(request_id)
             self._wake.notify()
@@ -431,8 +432,8 @@ class GenerationEngine:
         )
         sampled, logprobs, refused = self._sample(output, logits, masking)
         with self._lock:
-            if refused:
-                self._fail(refused, InternalError("the output's constraint failed to match"))
+            for request_id, why in refused:
+                self._fail([request_id], why)
             self._steps += 1
             self._generated += len(sampled)
             core_outputs = self.scheduler.update_from_output(output, sampled, logprobs)
@@ -489,7 +490,7 @@ class GenerationEngine:
         output: SchedulerOutput,
         logits: StepLogits,
         masking: tuple[list[Request], Future[Any]] | None,
-    ) -> tuple[dict[str, int], dict[str, TokenLogprob], list[str]]:
+    ) -> tuple[dict[str, int], dict[str, TokenLogprob], list[tuple[str, TensordError]]]:
         """One token per row of the step's logits, for the request the row belongs to,
         inside its constraint where it has one; and the requests whose constraint failed."""
         if not logits.request_ids:
@@ -497,7 +498,7 @@ class GenerationEngine:
         by_id = {s.request_id: s.request for s in output.scheduled if s.request is not None}
         requests = [by_id[request_id] for request_id in logits.request_ids]
         masks: tuple[list[int], np.ndarray] | None = None
-        refused: list[str] = []
+        refused: list[tuple[str, TensordError]] = []
         if masking is not None:
             rows, bitmask, refused = self.constraints.masks_after(masking, logits.request_ids)
             masks = (rows, bitmask)
@@ -508,10 +509,11 @@ class GenerationEngine:
             refused += self.constraints.consume(
                 [requests[i] for i in rows], [tokens[i] for i in rows]
             )
+        gone = {request_id for request_id, _ in refused}
         sampled = {
             request_id: token
             for request_id, token in zip(logits.request_ids, tokens, strict=True)
-            if request_id not in refused
+            if request_id not in gone
         }
         logprobs = {
             request_id: lp

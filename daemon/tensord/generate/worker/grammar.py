@@ -36,7 +36,10 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 _CACHE_SIZE = 256
-"""Compiled constraints kept per model (least recently used dropped first)."""
+"""Compiled constraints kept per model (least recently used dropped first)..."""
+_CACHE_TEXT_BYTES = 1024 * 1024
+"""...and at most this much constraint text: a compiled matcher takes about a hundred
+times its text's size (a 92 kB schema about 11 MB)."""
 _JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ",",
@@ -52,7 +55,7 @@ _ERROR_CHARS = 2000
 class ConstraintLimits:
     """How much a constraint may cost to compile."""
 
-    max_bytes: int = 256 * 1024
+    max_bytes: int = 64 * 1024
     """The longest constraint text (schema, expression, choices or grammar)."""
     compile_seconds: float = 10.0
     """Wall-clock bound on one compile (the caller waits no longer)."""
@@ -83,12 +86,17 @@ def grammar_text(constraint: Constraint) -> str:
         return LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=_JSON_OPTIONS)
     if kind == "json_schema":
         schema = _json(text, "the JSON schema")
-        if not isinstance(schema, dict | bool):
-            raise InvalidArgumentError("the JSON schema must be a JSON object (or true/false)")
+        if schema is False:
+            raise InvalidArgumentError("the JSON schema is false: no output satisfies it")
+        if schema is True:
+            schema = {}  # any JSON value
+        if not isinstance(schema, dict):
+            raise InvalidArgumentError("the JSON schema must be a JSON object (or true)")
+        check_bounds(schema)
         try:
-            return LLMatcher.grammar_from_json_schema(text, overrides=_JSON_OPTIONS)
+            return LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
         except ValueError as exc:
-            raise InvalidArgumentError(f"the JSON schema is refused: {_said(exc)}") from None
+            raise InvalidArgumentError(f"the JSON schema is refused: {said(exc)}") from None
     if kind == "choice":
         choices = _json(text, "the choices")
         if (
@@ -102,18 +110,72 @@ def grammar_text(constraint: Constraint) -> str:
         )
     if kind == "regex":
         return LLMatcher.grammar_from_regex(text)
+    _check_inline_json(text)
     return LLMatcher.grammar_from_lark(text)  # "grammar"
+
+
+_BOUND_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+_LARGEST_BOUND = 2**53
+"""Numeric bounds of a JSON schema are refused beyond +-2^53 (the integers a JSON number
+holds exactly): llguidance 1.9 crashes the process on some bounds near the int64 limits."""
+_MAX_SCHEMA_DEPTH = 64
+
+
+def check_bounds(schema: Any, depth: int = 0) -> None:
+    """INVALID_ARGUMENT for a numeric bound beyond +-2^53 anywhere in the schema, or a
+    schema nested deeper than 64 levels."""
+    if depth > _MAX_SCHEMA_DEPTH:
+        raise InvalidArgumentError(
+            f"the JSON schema is nested deeper than {_MAX_SCHEMA_DEPTH} levels"
+        )
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if (
+                key in _BOUND_KEYS
+                and isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and not -_LARGEST_BOUND <= value <= _LARGEST_BOUND
+            ):
+                raise InvalidArgumentError(
+                    f"the JSON schema's {key} {value!r} is beyond +-2^53 "
+                    f"({_LARGEST_BOUND}); bounds that large are not supported"
+                )
+            check_bounds(value, depth + 1)
+    elif isinstance(schema, list):
+        for item in schema:
+            check_bounds(item, depth + 1)
+
+
+def _check_inline_json(grammar: str) -> None:
+    """The JSON schemas a Lark grammar holds inline (`%json {...}`), checked as above."""
+    decoder = json.JSONDecoder()
+    start = grammar.find("%json")
+    while start != -1:
+        brace = grammar.find("{", start)
+        if brace != -1:
+            try:
+                schema, _ = decoder.raw_decode(grammar, brace)
+            except (ValueError, RecursionError):
+                pass  # llguidance words the error
+            else:
+                check_bounds(schema)
+        start = grammar.find("%json", start + 5)
 
 
 def _json(text: str, what: str) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise InvalidArgumentError(f"{what} is not valid JSON: {_said(exc)}") from None
+        raise InvalidArgumentError(f"{what} is not valid JSON: {said(exc)}") from None
 
 
-def _said(exc: BaseException | str) -> str:
-    text = " ".join(str(exc).split())
+def said(exc: BaseException | str) -> str:
+    """An error's text on one line, short; a compiler panic without its backtrace."""
+    text = str(exc)
+    cut = text.find("backtrace")
+    if cut != -1:
+        text = text[:cut] + "(compiler backtrace left out)"
+    text = " ".join(text.split())
     return text if len(text) <= _ERROR_CHARS else text[:_ERROR_CHARS] + "..."
 
 
@@ -134,8 +196,10 @@ class Grammars:
         self._eos = list(eos_token_ids)
         self._tokenizer: Any = None
         self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
         self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
-        """Constraint -> pristine matcher, or the InvalidArgumentError it was refused with."""
+        """Constraint -> pristine matcher, or the message it was refused with (a str)."""
+        self._cached_bytes = 0
 
     def check_size(self, constraint: Constraint) -> None:
         """INVALID_ARGUMENT for a constraint text longer than the limit (before any work)."""
@@ -155,8 +219,8 @@ class Grammars:
             if pristine is None:
                 return None
             self._compiled.move_to_end(constraint)
-        if isinstance(pristine, InvalidArgumentError):
-            raise pristine
+        if isinstance(pristine, str):
+            raise InvalidArgumentError(pristine)  # a new error: a kept one would grow tracebacks
         return pristine.deep_copy()
 
     def matcher(self, constraint: Constraint) -> Any:
@@ -170,13 +234,18 @@ class Grammars:
         try:
             pristine: Any = self._compile(constraint)
         except InvalidArgumentError as exc:
-            pristine = exc
+            pristine = exc.message
         with self._lock:
-            self._compiled[constraint] = pristine
-            while len(self._compiled) > _CACHE_SIZE:
-                self._compiled.popitem(last=False)
-        if isinstance(pristine, InvalidArgumentError):
-            raise pristine
+            if constraint not in self._compiled:
+                self._compiled[constraint] = pristine
+                self._cached_bytes += len(constraint.text)
+            while len(self._compiled) > 1 and (
+                len(self._compiled) > _CACHE_SIZE or self._cached_bytes > _CACHE_TEXT_BYTES
+            ):
+                dropped, _ = self._compiled.popitem(last=False)
+                self._cached_bytes -= len(dropped.text)
+        if isinstance(pristine, str):
+            raise InvalidArgumentError(pristine)
         return pristine.deep_copy()
 
     def _compile(self, constraint: Constraint) -> Any:
@@ -192,13 +261,13 @@ class Grammars:
         matcher = LLMatcher(self.tokenizer(), grammar, limits=limits, log_level=0)
         if matcher.is_error():
             raise InvalidArgumentError(
-                f"the {constraint.kind} constraint is refused: {_said(matcher.get_error())}"
+                f"the {constraint.kind} constraint is refused: {said(matcher.get_error())}"
             )
         return matcher
 
     def tokenizer(self) -> Any:
         """llguidance's tokenizer for the model (built once: it walks the vocabulary)."""
-        with self._lock:
+        with self._tokenizer_lock:
             if self._tokenizer is None:
                 from llguidance import LLTokenizer
 
@@ -239,13 +308,13 @@ class Masks:
 
 
 def apply_masks(scores: np.ndarray, rows: Sequence[int], bitmask: np.ndarray) -> None:
-    """Set to -inf, in `scores` [N, V] (float32, C-contiguous, in place), each token row
-    `rows[i]` may not take according to bitmask row i. A constraint's mask allows few tokens
-    (JSON punctuation, digits) or nearly all (free text): the rarer side is written, after
-    one pass over the bits."""
+    """Set to -inf, in `scores` [N, V] (float32, in place), each token row `rows[i]` may
+    not take according to bitmask row i. A constraint's mask allows few tokens (JSON
+    punctuation, digits) or nearly all (free text): the rarer side is written, after one
+    pass over the bits."""
     vocab = scores.shape[1]
     every = len(rows) == scores.shape[0] and list(rows) == list(range(len(rows)))
-    block = scores if every else scores[rows]
+    block = scores if every and scores.flags.c_contiguous else np.ascontiguousarray(scores[rows])
     bits = np.unpackbits(bitmask.view(np.uint8), axis=1, count=vocab, bitorder="little")
     allowed = bits.view(bool).reshape(-1)
     flat = block.reshape(-1)
@@ -256,5 +325,5 @@ def apply_masks(scores: np.ndarray, rows: Sequence[int], bitmask: np.ndarray) ->
         flat[keep] = values
     else:
         flat[np.flatnonzero(~allowed)] = -np.inf
-    if not every:
+    if block is not scores:
         scores[rows] = block

@@ -58,20 +58,20 @@ class Sampler:
             raise ValueError(
                 f"logits of shape {logits.shape} for {len(requests)} requests; expected [N, V]"
             )
-        raw = logits
-        if masks is not None and len(masks[0]):
-            if (
-                logits.dtype != np.float32
-                or not logits.flags.c_contiguous
-                or not logits.flags.writeable
-                or any(r.sampling_params.logprobs for r in requests)
-            ):
-                logits = np.array(logits, dtype=np.float32)  # the raw ones stay for logprobs
-            apply_masks(logits, masks[0], masks[1])
+        masked = masks is not None and len(masks[0]) > 0
         params = [request.sampling_params for request in requests]
         if all(p.argmax_only for p in params):  # the common greedy batch: argmax alone
+            if masked:
+                assert masks is not None
+                logits = _writable(logits)  # no log probabilities: the rows may be masked
+                apply_masks(logits, masks[0], masks[1])
             return SamplerOutput(logits.argmax(axis=1).astype(np.int64), [None] * len(params))
         scores = _penalised(logits, requests)
+        if masked:  # after the penalty, which would lift a masked -inf to a finite score
+            assert masks is not None
+            if scores is logits:
+                scores = np.array(logits, dtype=np.float32)  # the raw ones stay for logprobs
+            apply_masks(scores, masks[0], masks[1])
         token_ids = np.empty(len(requests), np.int64)
         greedy = np.array([p.greedy for p in params], dtype=bool)
         if greedy.any():
@@ -80,7 +80,15 @@ class Sampler:
         if rows:
             uniforms = np.array([requests[i].generator.random() for i in rows])
             token_ids[rows] = sample_rows(scores[rows], [params[i] for i in rows], uniforms)
-        return SamplerOutput(token_ids, token_logprobs(raw, token_ids, params))
+        return SamplerOutput(token_ids, token_logprobs(logits, token_ids, params))
+
+
+def _writable(logits: np.ndarray) -> np.ndarray:
+    """The logits themselves when they can be changed in place (float32, C-contiguous,
+    writeable), else a copy that can."""
+    if logits.dtype == np.float32 and logits.flags.c_contiguous and logits.flags.writeable:
+        return logits
+    return np.array(logits, dtype=np.float32)
 
 
 def _penalised(logits: np.ndarray, requests: Sequence[Request]) -> np.ndarray:
