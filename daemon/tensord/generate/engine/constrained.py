@@ -88,6 +88,7 @@ class Constraints:
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._masking: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -126,7 +127,8 @@ class Constraints:
                     f"{len(self._jobs)} constraints of model {self.name!r} are compiling; "
                     "retry shortly"
                 )
-            job = self._jobs[constraint] = _Job(constraint, asyncio.get_running_loop())
+            self._loop = asyncio.get_running_loop()
+            job = self._jobs[constraint] = _Job(constraint, self._loop)
             self._start_workers()
             self._queue.put(job)
         if job.refusal is not None:
@@ -265,11 +267,25 @@ class Constraints:
                 failed.append((request.request_id, _why(request)))
         return failed
 
-    def close(self) -> None:
+    def close(self, error: TensordError | None) -> None:
+        """The engine has stopped (its thread): compile threads end after their current
+        compile, and the requests still waiting for one end with `error`."""
         for _ in self._workers:
             self._queue.put(None)
         if self._masking is not None:
             self._masking.shutdown(wait=False, cancel_futures=True)
+        why = error or UnavailableError(f"model {self.name!r} is shutting down")
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                self._loop.call_soon_threadsafe(self._fail_waiting, why)
+
+    def _fail_waiting(self, error: TensordError) -> None:
+        for job in list(self._jobs.values()):
+            job.cancelled = True
+            waiters, job.waiters = job.waiters, {}
+            for request, admit in waiters.values():
+                admit(request, error)
+        self._jobs.clear()
 
 
 def _failed(request: Request) -> bool:

@@ -354,7 +354,7 @@ class GenerationEngine:
             self._loop()
         finally:
             self.kv.close()
-            self.constraints.close()
+            self.constraints.close(self._stopping)
 
     def _loop(self) -> None:
         while True:
