@@ -16,6 +16,7 @@ import numpy as np
 from tensord.backends.base import TensorSpec
 from tensord.dataplane.admission import GeneratorEntry
 from tensord.devices import CpuReport, GpuReport
+from tensord.errors import UnavailableError
 from tensord.executor.base import ExecutorStats
 from tensord.generate.core.kv_cache_manager import KVCacheStats
 from tensord.generate.core.outputs import RequestOutput, TokenLogprob
@@ -272,8 +273,15 @@ class ModelTable:
 
     def find(self, name: str, version: int, redact: Callable[[str], str]) -> TableEntry:
         """The version a call for (`name`, `version`) goes to, as the registry picks it
-        (registry.pick_version): NOT_FOUND, UNAVAILABLE or FAILED_PRECONDITION when none."""
-        return pick_version(name, self.by_name.get(name), version, redact, self.names)
+        (registry.pick_version): NOT_FOUND, UNAVAILABLE or FAILED_PRECONDITION when none.
+        A name the table lacks before every model has loaded once (an engine starting, or
+        started again) is UNAVAILABLE: the repository may still hold it."""
+        versions = self.by_name.get(name)
+        if versions is None and not self.loaded:
+            raise UnavailableError(
+                f"model {name!r} is not known yet: the models are still loading; retry shortly"
+            )
+        return pick_version(name, versions, version, redact, self.names)
 
     def names(self) -> list[str]:
         return sorted(self.by_name)
