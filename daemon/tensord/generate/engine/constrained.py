@@ -166,7 +166,7 @@ class Constraints:
                 job.loop.call_soon_threadsafe(self._start_timer, job)
             error: TensordError | None = None
             try:
-                self.grammars.matcher(job.constraint)
+                self.grammars.compile(job.constraint)  # kept: waiters get copies
             except TensordError as exc:
                 error = exc
             except Exception as exc:

@@ -224,29 +224,33 @@ class Grammars:
         return pristine.deep_copy()
 
     def matcher(self, constraint: Constraint) -> Any:
-        """A fresh matcher for the constraint, compiled now unless it was before (this can
+        """A fresh matcher for the constraint (a copy of the kept one, see `compile`)."""
+        return self.compile(constraint).deep_copy()
+
+    def compile(self, constraint: Constraint) -> Any:
+        """The kept matcher for the constraint, compiled now unless it was before (this can
         take long: call it on a worker thread); INVALID_ARGUMENT with the compiler's
-        message for a constraint it refuses."""
+        message for a constraint it refuses. Hand out copies of it, never it."""
         self.check_size(constraint)
-        fresh = self.cached(constraint)
-        if fresh is not None:
-            return fresh
-        try:
-            pristine: Any = self._compile(constraint)
-        except InvalidArgumentError as exc:
-            pristine = exc.message
         with self._lock:
-            if constraint not in self._compiled:
-                self._compiled[constraint] = pristine
-                self._cached_bytes += len(constraint.text)
-            while len(self._compiled) > 1 and (
-                len(self._compiled) > _CACHE_SIZE or self._cached_bytes > _CACHE_TEXT_BYTES
-            ):
-                dropped, _ = self._compiled.popitem(last=False)
-                self._cached_bytes -= len(dropped.text)
+            pristine: Any = self._compiled.get(constraint)
+        if pristine is None:
+            try:
+                pristine = self._compile(constraint)
+            except InvalidArgumentError as exc:
+                pristine = exc.message
+            with self._lock:
+                if constraint not in self._compiled:
+                    self._compiled[constraint] = pristine
+                    self._cached_bytes += len(constraint.text)
+                while len(self._compiled) > 1 and (
+                    len(self._compiled) > _CACHE_SIZE or self._cached_bytes > _CACHE_TEXT_BYTES
+                ):
+                    dropped, _ = self._compiled.popitem(last=False)
+                    self._cached_bytes -= len(dropped.text)
         if isinstance(pristine, str):
-            raise InvalidArgumentError(pristine)
-        return pristine.deep_copy()
+            raise InvalidArgumentError(pristine)  # a new error: a kept one would grow tracebacks
+        return pristine
 
     def _compile(self, constraint: Constraint) -> Any:
         from llguidance import LLMatcher, LLParserLimits
