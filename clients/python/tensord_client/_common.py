@@ -156,6 +156,34 @@ def constraint_message(constraint: Mapping[str, Any]) -> pb.Constraint:
     return pb.Constraint(**{kind: value})
 
 
+def embed_request(
+    model: str,
+    texts: str | Iterable[str] | None,
+    token_ids: Iterable[Iterable[int]] | None,
+    version: int,
+    truncate: bool,
+    dimensions: int,
+) -> pb.EmbedRequest:
+    """An EmbedRequest of texts (a string is one text) or of token-id lists."""
+    if (texts is None) == (token_ids is None):
+        raise ValueError("give texts or token_ids, not both and not neither")
+    request = pb.EmbedRequest(
+        model=model, version=version, truncate=truncate, dimensions=dimensions
+    )
+    if texts is not None:
+        request.texts.extend([texts] if isinstance(texts, str) else texts)
+    else:
+        assert token_ids is not None
+        for ids in token_ids:
+            request.token_ids.add().ids.extend(ids)
+    return request
+
+
+def embed_vectors(response: pb.EmbedResponse) -> np.ndarray:
+    """An EmbedResponse's vectors as float32 [inputs, dimensions]."""
+    return np.array([e.values for e in response.embeddings], dtype=np.float32)
+
+
 def generate_request(
     model: str,
     prompt: str | None,

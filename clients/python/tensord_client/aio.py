@@ -15,6 +15,8 @@ from tensord_client._common import (
     auth_metadata,
     channel_options,
     default_target,
+    embed_request,
+    embed_vectors,
     generate_request,
     metadata,
     predict_outputs,
@@ -120,6 +122,30 @@ class AsyncClient:
             metadata=metadata(request_id, self._auth),
         )
         return response
+
+    async def embed(
+        self,
+        model: str,
+        texts: str | Iterable[str] | None = None,
+        *,
+        token_ids: Iterable[Iterable[int]] | None = None,
+        version: int = 0,
+        truncate: bool = True,
+        dimensions: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline; public API
+        request_id: str | None = None,
+    ) -> np.ndarray:
+        """One vector per text (or per list of token ids) from an embedding model, float32
+        [inputs, dimensions]. A text longer than the model takes is cut (`truncate=False`:
+        refused); `dimensions` keeps the first values, normalised again."""
+        request = embed_request(model, texts, token_ids, version, truncate, dimensions)
+        response: pb.EmbedResponse = await _unary(
+            self._stub.Embed,
+            request,
+            timeout=self._deadline(timeout),
+            metadata=metadata(request_id, self._auth),
+        )
+        return embed_vectors(response)
 
     def generate(
         self,

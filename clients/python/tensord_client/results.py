@@ -258,6 +258,7 @@ class ModelInfo:
     preprocess: pb.ProcessingStep
     postprocess: pb.ProcessingStep
     generator: pb.GeneratorStatus
+    embedding: pb.EmbeddingStatus
     proto: pb.ModelInfo = field(repr=False, compare=False)
 
     @classmethod
@@ -283,6 +284,7 @@ class ModelInfo:
             preprocess=m.preprocess,
             postprocess=m.postprocess,
             generator=m.generator,
+            embedding=m.embedding,
             proto=m,
         )
 

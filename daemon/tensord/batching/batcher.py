@@ -8,6 +8,12 @@ preferred size (the largest it can), dispatches at once, whatever another kind w
 A request whose deadline passes in the queue, or whose client goes away, never runs and
 stops counting against max_queue_size (the deadline queue's entries, executor/deadlines.py,
 which the lanes use too).
+
+With a token budget (a text encoder's runs), requests of any length along dimension 1 join:
+a batch starts from the oldest request and takes the queued ones closest to its length, as
+long as rows x the longest length stays within the budget, and the batch is padded to its
+longest request (each input with its pad value) before it runs. Packing by length keeps the
+padding, and so the work wasted on it, small.
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ class BatchingSettings:
     default_timeout_s: float = 0.0
     """Deadline for requests that bring none; 0 means none."""
     instances: int = 1
+    max_batch_tokens: int = 0
+    """With a budget, requests of different lengths along dimension 1 join, padded (rows x
+    the longest length at most this); 0: only requests of equal shapes join."""
+    pad_values: tuple[tuple[str, int], ...] = ()
+    """What padding fills each input with (by name; 0 for any other)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -55,6 +66,8 @@ class Pending(Queued[RunResult]):
     output_names: tuple[str, ...]
     key: tuple[object, ...]
     size: int
+    length: int = 0
+    """Its length along dimension 1, when batches pack by tokens."""
 
 
 @dataclass(slots=True)
@@ -69,13 +82,36 @@ class BatcherStats:
     batch_sizes: dict[int, int] = field(default_factory=dict)
 
 
-def batch_key(inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> tuple[object, ...]:
-    """Requests with equal keys can be joined: same names, dtypes, non-batch dims, outputs."""
+def batch_key(
+    inputs: dict[str, np.ndarray], output_names: Sequence[str], padded: bool = False
+) -> tuple[object, ...]:
+    """Requests with equal keys can be joined: same names, dtypes, non-batch dims (but the
+    length along dimension 1 when batches are `padded`), outputs."""
+    first = 2 if padded else 1
     if len(inputs) == 1:  # the common case, without the sort
         ((name, a),) = inputs.items()
-        return (((name, a.dtype.str, a.shape[1:]),), tuple(output_names))
-    parts = tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted(inputs.items()))
+        return (((name, a.dtype.str, a.shape[first:]),), tuple(output_names))
+    parts = tuple((name, a.dtype.str, a.shape[first:]) for name, a in sorted(inputs.items()))
     return (parts, tuple(output_names))
+
+
+def pad_to(
+    parts: Sequence[dict[str, np.ndarray]], pad_values: dict[str, int]
+) -> list[dict[str, np.ndarray]]:
+    """The parts with every input padded along dimension 1 to the longest part's length."""
+    longest = max(next(iter(p.values())).shape[1] for p in parts)
+    padded = []
+    for part in parts:
+        if next(iter(part.values())).shape[1] == longest:
+            padded.append(part)
+            continue
+        grown = {}
+        for name, a in part.items():
+            out = np.full((a.shape[0], longest, *a.shape[2:]), pad_values.get(name, 0), a.dtype)
+            out[:, : a.shape[1]] = a
+            grown[name] = out
+        padded.append(grown)
+    return padded
 
 
 class DynamicBatcher:
@@ -87,6 +123,8 @@ class DynamicBatcher:
         self.stats = BatcherStats()
         self._run_batch = run_batch
         self._preferred = frozenset(settings.preferred_batch_size)
+        self._tokens = settings.max_batch_tokens
+        self._pads = dict(settings.pad_values)
         self._queue: deque[Pending] = deque()
         self._opened: dict[tuple[object, ...], float] = {}
         """Per key with requests queued: when its forming batch opened (its deadline is
@@ -120,11 +158,18 @@ class DynamicBatcher:
         now = time.monotonic()
         if deadline is None and self.settings.default_timeout_s:
             deadline = now + self.settings.default_timeout_s
-        size = next(iter(inputs.values())).shape[0] if inputs else 0
+        first = next(iter(inputs.values())) if inputs else None
+        size = first.shape[0] if first is not None else 0
+        length = first.shape[1] if self._tokens and first is not None and first.ndim > 1 else 0
+        if length * max(size, 1) > self._tokens > 0:
+            raise ResourceExhaustedError(
+                f"a request of {size} x {length} tokens exceeds model {self.name!r}'s "
+                f"max_batch_tokens {self._tokens}"
+            )
         loop = asyncio.get_running_loop()
-        key = batch_key(inputs, output_names)
+        key = batch_key(inputs, output_names, padded=bool(self._tokens))
         pending = Pending(
-            now, deadline, loop.create_future(), inputs, tuple(output_names), key, size
+            now, deadline, loop.create_future(), inputs, tuple(output_names), key, size, length
         )
         self._queue.append(pending)
         self._opened.setdefault(pending.key, now)
@@ -191,6 +236,8 @@ class DynamicBatcher:
         """One kind's batch, oldest first, and whether it is ready now: full (the next
         request would not fit, or max_batch_size is reached), or at the largest preferred
         size its queued requests make."""
+        if self._tokens:
+            return self._cut_by_tokens(members)
         limit = self.settings.max_batch_size
         batch: list[Pending] = []
         size = preferred = 0
@@ -206,6 +253,23 @@ class DynamicBatcher:
         if preferred:
             return batch[:preferred], True
         return batch, False
+
+    def _cut_by_tokens(self, members: list[Pending]) -> tuple[list[Pending], bool]:
+        """The oldest request and those closest to its length, while rows stay within
+        max_batch_size and rows x the longest length within max_batch_tokens; ready when
+        another queued request would not fit."""
+        oldest = members[0]
+        rows_limit, budget = self.settings.max_batch_size, self._tokens
+        batch = [oldest]
+        rows, longest = oldest.size, oldest.length
+        others = sorted(members[1:], key=lambda p: abs(p.length - oldest.length))
+        for pending in others:
+            grown = max(longest, pending.length)
+            if rows + pending.size > rows_limit or (rows + pending.size) * grown > budget:
+                return batch, True
+            batch.append(pending)
+            rows, longest = rows + pending.size, grown
+        return batch, rows >= rows_limit or rows * longest >= budget
 
     def _take(self, key: tuple[object, ...], batch: list[Pending]) -> None:
         """Remove a formed batch from the queue in one pass (not a deque.remove per member:
@@ -240,7 +304,10 @@ class DynamicBatcher:
             live = [p for p in batch if not p.future.done()]
             if not live:
                 return
-            result = await self._run_batch([p.inputs for p in live], live[0].output_names)
+            parts = [p.inputs for p in live]
+            if self._tokens:
+                parts = pad_to(parts, self._pads)
+            result = await self._run_batch(parts, live[0].output_names)
             served = []
             offset = 0
             for pending in live:

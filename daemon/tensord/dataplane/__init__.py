@@ -4,15 +4,25 @@ converts its messages to and from (types.py). Nothing here knows protobuf."""
 
 from tensord.dataplane import types
 from tensord.dataplane.admission import text_bytes
+from tensord.dataplane.embedding import MAX_EMBED_INPUTS
 from tensord.dataplane.engine_client import EngineClient
+from tensord.dataplane.kinds import WrongKindError
 from tensord.dataplane.local import LocalEngine
-from tensord.dataplane.plane import GENERATOR, NOT_SERVING, PREDICT, DataPlane, WrongKindError
+from tensord.dataplane.plane import (
+    EMBEDDING,
+    GENERATOR,
+    NOT_SERVING,
+    PREDICT,
+    DataPlane,
+)
 from tensord.dataplane.types import *  # noqa: F403 (types.__all__, re-exported whole)
 from tensord.registry.changes import RepositoryChanges
 from tensord.registry.registry import BackendFactory, default_backend_factory
 
 __all__ = [
+    "EMBEDDING",
     "GENERATOR",
+    "MAX_EMBED_INPUTS",
     "NOT_SERVING",
     "PREDICT",
     "BackendFactory",

@@ -18,6 +18,8 @@ from tokenizers import Tokenizer
 
 from tensord.config import TensordConfig
 from tensord.dataplane.types import (
+    EmbedResult,
+    EmbedTokens,
     EngineCoreRequest,
     ModelSnapshot,
     ModelTable,
@@ -44,11 +46,16 @@ class EngineClient(Protocol):
         """Every version's state, the readiness verdict, each READY version's row."""
 
     def tokenizer(self, entry: TableEntry) -> Tokenizer:
-        """The tokenizer of a READY generator version of the table."""
+        """The tokenizer of a READY generator or embedding version of the table (an
+        embedding model's truncates at its max_seq_length)."""
 
     async def predict(self, call: PredictCall) -> PredictResult:
         """Run a checked call on its exact version: inputs in signature order, every
         output named."""
+
+    async def embed(self, call: EmbedTokens) -> EmbedResult:
+        """Checked texts' token ids on their exact version: one vector a text, in order
+        (full length: the data plane cuts Matryoshka dimensions)."""
 
     def add_generation(self, request: EngineCoreRequest, sink: OutputSink) -> str:
         """Start a checked request on its exact version; returns its id, by which its

@@ -26,8 +26,11 @@ from tensord import __version__
 from tensord.backends.base import DeviceOptions
 from tensord.config import ReadyWhen, TensordConfig
 from tensord.dataplane.admission import GeneratorEntry
+from tensord.dataplane.embedding import embedding_row
 from tensord.dataplane.snapshots import model_snapshot
 from tensord.dataplane.types import (
+    EmbedResult,
+    EmbedTokens,
     EngineCoreRequest,
     ModelSnapshot,
     ModelTable,
@@ -38,6 +41,7 @@ from tensord.dataplane.types import (
     TableEntry,
 )
 from tensord.devices import probe_cpu, probe_gpus
+from tensord.embedding.loader import embed_each
 from tensord.errors import DeviceLostError, NotFoundError, UnavailableError
 from tensord.eventloop import running_loop_name
 from tensord.executor.split import run_splitting_on_oom
@@ -47,6 +51,7 @@ from tensord.registry.changes import RepositoryChanges
 from tensord.registry.readiness import judge
 from tensord.registry.registry import BackendFactory, ModelRegistry, default_backend_factory
 from tensord.registry.version import (
+    EmbeddingVersion,
     GeneratorVersion,
     ModelState,
     ModelVersion,
@@ -248,9 +253,46 @@ class LocalEngine:
                 engine.stop([request_id])
 
     def tokenizer(self, entry: TableEntry) -> Tokenizer:
+        if entry.embedding is not None:
+            emb = self._serving(entry.name, entry.version, EmbeddingVersion)
+            assert isinstance(emb, EmbeddingVersion) and emb.spec is not None
+            assert emb.spec.tokenizer is not None
+            return emb.spec.tokenizer
         mv = self._serving(entry.name, entry.version, GeneratorVersion)
         assert isinstance(mv, GeneratorVersion) and mv.engine is not None
         return mv.engine.directory.tokenizer
+
+    async def embed(self, call: EmbedTokens) -> EmbedResult:
+        """Each text's ids as one request of the version's batcher, which packs texts by
+        length into runs; the vectors in the texts' order."""
+        entry = self._serving(call.model, call.version, EmbeddingVersion)
+        assert isinstance(entry, EmbeddingVersion) and entry.spec is not None
+        start = time.perf_counter()
+        with entry.inflight:
+            batcher = entry.batcher
+            if batcher is None:  # freed between the check and here: never, but typed
+                raise UnavailableError(f"model {entry.name!r} version {entry.version} is freed")
+            try:
+                results = await embed_each(
+                    batcher, entry.spec, entry.token_inputs, call.token_ids, call.lengths,
+                    call.deadline,
+                )  # fmt: skip
+            except BaseException as exc:
+                _count(entry.requests, start, ok=False)
+                if isinstance(exc, DeviceLostError):
+                    self.on_device_lost(exc)
+                raise
+        stats = entry.requests
+        _count(stats, start, ok=True)
+        stats.rows += len(results)
+        queue_s = max(r.queue_s for r in results)
+        compute_s = max(r.compute_s for r in results)
+        stats.queue_s += queue_s
+        stats.compute_s += compute_s
+        vectors = np.concatenate([r.outputs[0] for r in results])
+        return EmbedResult(
+            entry.name, entry.version, vectors, int(call.lengths.sum()), queue_s, compute_s
+        )
 
     # -- what the server shows ---------------------------------------------------------
 
@@ -262,6 +304,8 @@ class LocalEngine:
             entry = TableEntry(mv.name, mv.version, mv.state, mv.reason, mv.kind, mv.serial)
             if isinstance(mv, GeneratorVersion) and mv.engine is not None:
                 entry = self._generator_row(entry, mv.engine)
+            elif isinstance(mv, EmbeddingVersion) and mv.spec is not None:
+                entry = embedding_row(entry, mv)
             elif isinstance(mv, PredictVersion) and mv.state is ModelState.READY:
                 entry = dataclasses.replace(
                     entry,

@@ -17,7 +17,7 @@ import functools
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -25,8 +25,12 @@ from tensord.access import check_model, may_see, redact_paths, sees_server_paths
 from tensord.config import ReadyWhen, TensordConfig
 from tensord.dataplane.admission import GenerateFields, GeneratorEntry, admit, text_bytes
 from tensord.dataplane.chat import render_chat
+from tensord.dataplane.embedding import cut_dimensions, texts_of, tokens_for
 from tensord.dataplane.engine_client import EngineClient
+from tensord.dataplane.kinds import EMBEDDING, GENERATOR, PREDICT, Kind, check_kind
 from tensord.dataplane.types import (
+    EmbedCall,
+    EmbedResult,
     EngineCoreRequest,
     GenerateCall,
     HealthReport,
@@ -40,7 +44,7 @@ from tensord.dataplane.types import (
     ServerInfo,
     TableEntry,
 )
-from tensord.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from tensord.errors import InvalidArgumentError, UnavailableError
 from tensord.generate.engine.output_processor import TokenTimings
 from tensord.generate.engine.streams import OutputStreams
 from tensord.generate.model.model_dir import INLINE_TOKENIZE_CHARS, encode_text
@@ -50,32 +54,6 @@ from tensord.registry.changes import RepositoryChanges
 
 NOT_SERVING = "the server is starting or draining; retry shortly"
 """What a call gets while the server does not serve (UNAVAILABLE: clients retry)."""
-
-Kind = Literal["predict", "generator"]
-PREDICT: Kind = "predict"
-GENERATOR: Kind = "generator"
-
-
-class WrongKindError(FailedPreconditionError):
-    """The call's RPC is not for the model's kind (Generate on a predict model)."""
-
-    def __init__(self, message: str, model: str, kind: str) -> None:
-        super().__init__(message)
-        self.model = model
-        self.kind = kind
-        """The kind the model is."""
-
-
-_WRONG_KIND = {
-    PREDICT: (
-        "model {!r} is a generator: call Generate, which streams its tokens (Predict runs "
-        "predict models: tensors in, tensors out)"
-    ),
-    GENERATOR: (
-        "model {!r} is a predict model (tensors in, tensors out), not a generator: call "
-        "Predict, or Generate on a generator model (Info lists each model's kind)"
-    ),
-}
 
 
 async def off_loop(text: str, encode: Callable[[str], list[int]]) -> list[int]:
@@ -123,8 +101,7 @@ class DataPlane:
         if not authorised or not model:  # an intake that read no name authorised none
             check_model(model)
         entry = self.engine.table.find(model, version, self._shown_reason)
-        if entry.kind != kind:
-            raise WrongKindError(_WRONG_KIND[kind].format(entry.name), entry.name, entry.kind)
+        check_kind(entry, kind)
         return entry
 
     def _still_ready(self, entry: TableEntry, asked: int, kind: Kind) -> TableEntry:
@@ -146,8 +123,40 @@ class DataPlane:
             entry = self._still_ready(entry, call.version, PREDICT)
         inputs = check_inputs(entry.name, entry.inputs, call.inputs, entry.max_batch_size)
         names = check_output_names(entry.name, entry.outputs, call.output_names)
+        if entry.embedding is not None:
+            return await self._predict_embedding(entry, call, inputs, names)
         checked = PredictCall(entry.name, entry.version, list(inputs.items()), names, call.deadline)
         return await self.engine.predict(checked)
+
+    async def _predict_embedding(
+        self, entry: TableEntry, call: PredictCall, inputs: dict[str, Any], names: list[str]
+    ) -> PredictResult:
+        """Predict on an embedding model: its one input's texts (BYTES, UTF-8) embedded."""
+        (texts,) = inputs.values()
+        embed = EmbedCall(entry.name, entry.version, texts_of(texts), [], deadline=call.deadline)
+        result = await self.embed(embed, entry)
+        outputs = [(name, result.vectors) for name in names]
+        return PredictResult(
+            result.model, result.version, outputs, result.queue_s, result.compute_s
+        )
+
+    # -- Embed -------------------------------------------------------------------------
+
+    async def embed(self, call: EmbedCall, entry: TableEntry | None = None) -> EmbedResult:
+        """Texts (or token ids) to one vector each: checked and tokenised here, run by the
+        engine on the version that serves, cut to the dimensions asked for."""
+        if entry is None:
+            entry = self.lookup(call.model, call.version, EMBEDDING)
+        else:
+            entry = self._still_ready(entry, call.version, EMBEDDING)
+        tokens = await tokens_for(call, entry, self.engine.tokenizer)
+        # A reload may have swapped the version out meanwhile: tokenise for the new one.
+        fresh = self._still_ready(entry, call.version, EMBEDDING)
+        if fresh.serial != entry.serial:
+            tokens = await tokens_for(call, fresh, self.engine.tokenizer)
+        result = await self.engine.embed(tokens)
+        result.vectors = cut_dimensions(result.vectors, call.dimensions)
+        return result
 
     # -- Generate ----------------------------------------------------------------------
 
@@ -279,13 +288,13 @@ class DataPlane:
         shown = [ModelHealth(e.name, e.version, e.state, redact(e.reason)) for e in entries]
         return HealthReport(serving, shown)
 
-    def generator_models(self) -> list[str]:
-        """The generator models the current caller may use that have a READY version, by
-        name (the OpenAI API's model list)."""
+    def openai_models(self) -> list[str]:
+        """The generator and embedding models the current caller may use that have a READY
+        version, by name (the OpenAI API's model list)."""
         names = {
             e.name
             for e in self.engine.table.versions
-            if e.kind == GENERATOR and e.state is ModelState.READY and may_see(e.name)
+            if e.kind in (GENERATOR, EMBEDDING) and e.state is ModelState.READY and may_see(e.name)
         }
         return sorted(names)
 

@@ -11,14 +11,20 @@ import dataclasses
 
 from tensord.dataplane.types import (
     BatchingSnapshot,
+    EmbeddingSnapshot,
     ExecutorSnapshot,
     GeneratorSnapshot,
     ModelSnapshot,
 )
 from tensord.generate.engine.engine import GenerationEngine
-from tensord.registry.version import GeneratorVersion, ModelVersion, PredictVersion
+from tensord.registry.version import (
+    EmbeddingVersion,
+    GeneratorVersion,
+    ModelVersion,
+    PredictVersion,
+)
 
-POSTPROCESS_KINDS = frozenset({"topk", "nms"})
+POSTPROCESS_KINDS = frozenset({"topk", "nms", "pool"})
 """Processing steps that run on a model's outputs; the others run on its inputs."""
 GENERATOR_EXECUTOR = "cpu"
 """Where a generation engine's steps run: on the host (see model_runner.py)."""
@@ -45,6 +51,17 @@ def model_snapshot(mv: ModelVersion) -> ModelSnapshot:
         snapshot.provider_reason = mv.placement.provider_reason
         snapshot.requested_providers = list(mv.placement.requested_providers)
     match mv:
+        case EmbeddingVersion(spec=spec) if spec is not None:
+            _add_predict(snapshot, mv)
+            snapshot.dynamic_batching = None
+            emb = mv.config.embedding
+            snapshot.embedding = EmbeddingSnapshot(
+                spec.max_seq_length,
+                spec.dimensions,
+                "+".join(spec.pooling) or "graph",
+                spec.normalize,
+                emb.max_batch_tokens if emb is not None else 0,
+            )
         case PredictVersion():
             _add_predict(snapshot, mv)
         case GeneratorVersion(engine=engine) if engine is not None:

@@ -37,6 +37,11 @@ __all__ = [
     "MAX_LOGPROBS",
     "BatchingSnapshot",
     "Constraint",
+    "EmbedCall",
+    "EmbedResult",
+    "EmbedTokens",
+    "EmbeddingEntry",
+    "EmbeddingSnapshot",
     "EngineCoreRequest",
     "EngineStats",
     "ExecutorSnapshot",
@@ -87,6 +92,50 @@ class PredictResult:
     outputs: list[tuple[str, np.ndarray]]
     queue_s: float
     compute_s: float
+
+
+@dataclass(slots=True)
+class EmbedCall:
+    """An Embed request after decoding: texts, or token ids (one list a text)."""
+
+    model: str
+    version: int
+    texts: list[str]
+    token_ids: list[list[int]]
+    truncate: bool = True
+    """Cut a text longer than the model's max_seq_length there (as sentence-transformers'
+    encode does); False: INVALID_ARGUMENT instead."""
+    dimensions: int = 0
+    """Keep the first this many values of each vector, normalised again (Matryoshka);
+    0: all."""
+    deadline: float | None = None
+
+
+@dataclass(slots=True)
+class EmbedTokens:
+    """An Embed request as the data plane hands it to the engine: each text's token ids,
+    one after another, for one exact version."""
+
+    model: str
+    version: int
+    token_ids: np.ndarray
+    """int64 [total]: every text's ids, in order."""
+    lengths: np.ndarray
+    """int64 [texts]: how many of them each text has."""
+    deadline: float | None
+
+
+@dataclass(slots=True)
+class EmbedResult:
+    """An Embed answer: one vector a text, and the tokens they took."""
+
+    model: str
+    version: int
+    vectors: np.ndarray
+    """float32 [texts, dimensions]."""
+    prompt_tokens: int
+    queue_s: float = 0.0
+    compute_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -193,6 +242,18 @@ class GeneratorSnapshot:
 
 
 @dataclass(slots=True)
+class EmbeddingSnapshot:
+    """An embedding model's folder, as served."""
+
+    max_seq_length: int
+    dimensions: int
+    pooling: str
+    """The modes joined by "+", or "graph" when the model's graph pools."""
+    normalized: bool
+    max_batch_tokens: int
+
+
+@dataclass(slots=True)
 class ModelSnapshot:
     """One model version as Info reports it, whatever its kind."""
 
@@ -216,6 +277,7 @@ class ModelSnapshot:
     """The executor's kind ("cuda", "cpu"); a generator's steps run on the host: "cpu"."""
     executor_status: ExecutorSnapshot | None = None
     generator: GeneratorSnapshot | None = None
+    embedding: EmbeddingSnapshot | None = None
     preprocess: ProcessingReport | None = None
     postprocess: ProcessingReport | None = None
     dynamic_batching: BatchingSnapshot | None = None
@@ -250,6 +312,21 @@ class TableEntry:
     outputs: tuple[TensorSpec, ...] = ()
     max_batch_size: int = 0
     """A READY predict version's signature, which a frontend checks requests against."""
+    embedding: EmbeddingEntry | None = None
+    """A READY embedding version's row (its tokenizer file is `tokenizer_path`)."""
+
+
+@dataclass(slots=True, frozen=True)
+class EmbeddingEntry:
+    """What a frontend needs to tokenise and check an embedding model's texts."""
+
+    max_seq_length: int
+    dimensions: int
+    normalized: bool
+    """Its vectors have unit length."""
+    vocab_size: int
+    prompt: str = ""
+    """Put before every text."""
 
 
 @dataclass(slots=True, frozen=True)

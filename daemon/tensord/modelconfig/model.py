@@ -18,13 +18,14 @@ from tensord.config import format_validation_error
 from tensord.config_tables import INT32_MAX, MAX_INSTANCES, MAX_THREADS, Settings
 from tensord.errors import ModelLoadError
 from tensord.files import read_toml
+from tensord.modelconfig.embedding import EmbeddingConfig
 from tensord.modelconfig.generator import GeneratorConfig
 from tensord.modelconfig.processing import PostprocessConfig, PreprocessConfig
 from tensord.modelconfig.providers import normalise_provider
 
 MODEL_TOML = "model.toml"
 
-ModelKind = Literal["predict", "generator"]
+ModelKind = Literal["predict", "generator", "embedding"]
 
 
 class TensorOverride(Settings):
@@ -116,11 +117,16 @@ class ModelConfig(Settings):
     name: str | None = None
     """The served name; defaults to the directory name."""
     kind: ModelKind | None = None
-    """"predict" (tensors in, tensors out) or "generator" (a decoder that streams tokens);
-    unset: detected, "generator" when model.onnx has config.json and tokenizer.json beside
-    it (Hugging Face Optimum's layout) or a [generator] table is present."""
+    """"predict" (tensors in, tensors out), "generator" (a decoder that streams tokens) or
+    "embedding" (texts in, vectors out); unset: detected, "generator" when model.onnx has
+    config.json and tokenizer.json beside it (Hugging Face Optimum's layout) or a
+    [generator] table is present, "embedding" for a sentence-transformers folder
+    (modules.json and tokenizer.json beside onnx/model.onnx or model.onnx) or an [embedding]
+    table."""
     generator: GeneratorConfig | None = None
     """The generation engine's limits (kind "generator"); the scan fills in the defaults."""
+    embedding: EmbeddingConfig | None = None
+    """How an embedding model is served (kind "embedding"); the scan fills in the defaults."""
     backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     """`onnxruntime` (any provider), or `tensorrt`: a native engine built from the ONNX file."""
     model_file: str = "model.onnx"
@@ -177,7 +183,7 @@ class ModelConfig(Settings):
         taking turns with the first measured slower too (README: Batching and executors)."""
         if (
             executor_kind == "cpu"
-            and self.dynamic_batching is not None
+            and (self.dynamic_batching is not None or self.kind == "embedding")
             and "instance_count" not in self.model_fields_set
         ):
             return 1
@@ -187,6 +193,19 @@ class ModelConfig(Settings):
     def _check_kind(self) -> ModelConfig:
         if self.kind == "predict" and self.generator is not None:
             raise ValueError('a [generator] table needs kind = "generator"')
+        if self.generator is not None and self.embedding is not None:
+            raise ValueError("a model has a [generator] or an [embedding] table, not both")
+        if self.embedding is not None and self.kind not in (None, "embedding"):
+            raise ValueError('an [embedding] table needs kind = "embedding"')
+        if self.generator is not None and self.kind == "embedding":
+            raise ValueError('a [generator] table needs kind = "generator"')
+        if self.dynamic_batching is not None and (
+            self.kind == "embedding" or self.embedding is not None
+        ):
+            raise ValueError(
+                "[dynamic_batching] is for predict models; an embedding model packs its texts "
+                "by length (see [embedding])"
+            )
         if self.dynamic_batching is not None and (
             self.kind == "generator" or self.generator is not None
         ):
@@ -284,4 +303,29 @@ def generator_key_problems(config: ModelConfig) -> list[str]:
         if key in config.model_fields_set and getattr(config, key) != default:
             shown = f"[{key}]" if key in ("dynamic_batching", "preprocess", "postprocess") else key
             problems.append(f"{shown} is not used by a generator ({hint})")
+    return problems
+
+
+# Keys an embedding model does not use, and what to do instead.
+_NOT_FOR_EMBEDDINGS = {
+    "backend": 'an embedding model runs on ONNX Runtime; backend = "tensorrt" is for predict '
+    "models",
+    "max_batch_size": "set embedding.max_batch_size (texts per run) instead",
+    "dynamic_batching": "an embedding model packs its texts by length; see [embedding]",
+    "inputs": "an embedding model takes texts; its tensors are not overridden",
+    "outputs": "an embedding model returns vectors; its tensors are not overridden",
+    "preprocess": "pre- and postprocessing are for predict models",
+    "postprocess": "an embedding model's pooling comes from its folder or embedding.pooling",
+}
+
+
+def embedding_key_problems(config: ModelConfig) -> list[str]:
+    """The keys that `config` (an embedding model's) sets but does not use, each with what
+    to do."""
+    problems = []
+    for key, hint in _NOT_FOR_EMBEDDINGS.items():
+        default = ModelConfig.model_fields[key].get_default(call_default_factory=True)
+        if key in config.model_fields_set and getattr(config, key) != default:
+            shown = f"[{key}]" if key in ("dynamic_batching", "preprocess", "postprocess") else key
+            problems.append(f"{shown} is not used by an embedding model ({hint})")
     return problems

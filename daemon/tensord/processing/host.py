@@ -16,9 +16,11 @@ from tensord.processing.plan import (
     LETTERBOX_OUTPUT,
     ImagePlan,
     NmsPlan,
+    PoolPlan,
     ProcessingPlan,
     TopKPlan,
 )
+from tensord.processing.pooling import pool
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,12 +93,23 @@ def nms_settings(plan: NmsPlan, geo: ImageGeometry | None) -> NmsSettings:
 
 
 def postprocess_host(
-    plan: ProcessingPlan, outputs: Mapping[str, np.ndarray], geo: ImageGeometry | None
+    plan: ProcessingPlan,
+    outputs: Mapping[str, np.ndarray],
+    geo: ImageGeometry | None,
+    feeds: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Served outputs from the model's (NumPy twins)."""
+    """Served outputs from the model's (NumPy twins); `feeds` are the model's inputs
+    (pooling reads the attention mask)."""
     served = {name: outputs[name] for name in plan.passthrough if name in outputs}
     post = plan.post
-    if isinstance(post, TopKPlan) and post.model_output in outputs:
+    if isinstance(post, PoolPlan) and post.model_output in outputs:
+        hidden = outputs[post.model_output]
+        if post.modes:
+            assert feeds is not None
+            served[post.served] = pool(hidden, feeds[post.mask_input], post.modes, post.normalize)
+        else:
+            served[post.served] = np.ascontiguousarray(hidden, dtype=np.float32)
+    elif isinstance(post, TopKPlan) and post.model_output in outputs:
         served["classes"], served["scores"] = classify.softmax_topk(
             outputs[post.model_output], post.k, post.softmax
         )
@@ -115,7 +128,7 @@ def host_reports(plan: ProcessingPlan, reason: str) -> list[ProcessingReport]:
     if plan.pre is not None:
         reports.append(ProcessingReport(plan.pre.kind, "cpu", plan.pre.describe(), reason))
     if plan.post is not None:
-        kind = "topk" if isinstance(plan.post, TopKPlan) else "nms"
+        kind = {TopKPlan: "topk", NmsPlan: "nms", PoolPlan: "pool"}[type(plan.post)]
         reports.append(ProcessingReport(kind, "cpu", plan.post.describe(), reason))
     return reports
 
@@ -145,7 +158,7 @@ class HostProcessedBackend:
         names = self.plan.model_outputs_for(output_names)
         results = dict(zip(names, self.inner.run(feeds, names), strict=True))
         try:
-            served = postprocess_host(self.plan, results, geo)
+            served = postprocess_host(self.plan, results, geo, feeds)
         except ValueError as exc:  # the model produced a shape the postprocessing cannot take
             raise InternalError(f"postprocessing failed: {exc}") from exc
         return [served[name] for name in output_names]

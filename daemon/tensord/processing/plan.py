@@ -89,12 +89,32 @@ class NmsPlan:
         )
 
 
+@dataclass(slots=True, frozen=True)
+class PoolPlan:
+    """Postprocessing: a text encoder's per-token vectors pooled into one vector per text
+    (or the vector a pipeline's graph pooled itself, as float32)."""
+
+    model_output: str
+    modes: tuple[str, ...]
+    """The pooling modes, concatenated; empty when the graph pooled."""
+    normalize: bool
+    mask_input: str
+    served: str
+
+    def describe(self) -> str:
+        """One line for Info."""
+        if not self.modes:
+            return f"{self.model_output!r} as float32 {self.served!r}"
+        norm = ", normalised" if self.normalize else ""
+        return f"{'+'.join(self.modes)} pooling of {self.model_output!r}{norm}"
+
+
 @dataclass(slots=True)
 class ProcessingPlan:
     """Everything a processed model does differently from its bare backend."""
 
     pre: ImagePlan | None
-    post: TopKPlan | NmsPlan | None
+    post: TopKPlan | NmsPlan | PoolPlan | None
     served_inputs: list[TensorSpec]
     served_outputs: list[TensorSpec]
     passthrough: frozenset[str]
@@ -108,9 +128,7 @@ class ProcessingPlan:
         post = self.post
         produced = {s.name for s in self.served_outputs} - self.passthrough - {LETTERBOX_OUTPUT}
         if post is not None and any(n in produced for n in served_names):
-            needed = (
-                [post.model_output] if isinstance(post, TopKPlan) else [post.boxes, post.scores]
-            )
+            needed = [post.boxes, post.scores] if isinstance(post, NmsPlan) else [post.model_output]
             names += [n for n in needed if n not in names]
         return names or [self.model_output_names[0]]  # a run computes at least one output
 
@@ -250,3 +268,25 @@ def plan_processing(
         pre, post, served_inputs, [*made, *kept], frozenset(s.name for s in kept),
         tuple(s.name for s in outputs),
     )  # fmt: skip
+
+
+def plan_pooling(
+    inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], plan: PoolPlan
+) -> ProcessingPlan:
+    """The plan that serves a text encoder's pooled vectors (its only output) from the
+    model's token inputs."""
+    by_name = {s.name: s for s in outputs}
+    spec = by_name.get(plan.model_output)
+    if spec is None:
+        raise ModelLoadError(f"the model has no output {plan.model_output!r}")
+    rank = 2 if not plan.modes else 3
+    if spec.dtype not in _FLOATS or len(spec.shape) != rank:
+        raise ModelLoadError(
+            f"model output {spec.name!r} {spec.dtype.name.lower()} {list(spec.shape)}: pooling "
+            f"needs float32 or float16 of rank {rank}"
+        )
+    dims = spec.shape[-1] * max(1, len(plan.modes)) if spec.shape[-1] > 0 else -1
+    served = [TensorSpec(plan.served, DType.FLOAT32, (spec.shape[0], dims))]
+    return ProcessingPlan(
+        None, plan, list(inputs), served, frozenset(), tuple(s.name for s in outputs)
+    )

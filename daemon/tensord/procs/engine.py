@@ -18,7 +18,13 @@ from typing import Any
 
 import structlog
 
-from tensord.dataplane import EngineCoreRequest, LocalEngine, PredictCall
+from tensord.dataplane import (
+    EmbedTokens,
+    EngineCoreRequest,
+    LocalEngine,
+    PredictCall,
+    PredictResult,
+)
 from tensord.errors import InternalError, ResourceExhaustedError
 from tensord.generate.core.outputs import EngineCoreOutput
 from tensord.procs import messages
@@ -80,6 +86,9 @@ class FrontendLink:
             case messages.Predict():
                 call_id = message.id
                 self._start(call_id, self._predict(call_id, messages.call_of(message)))
+            case messages.Embed():
+                call_id = message.id
+                self._start(call_id, self._embed(call_id, messages.embed_of(message)))
             case messages.Query(call_id, method, args):
                 arguments = messages.unpickled(args)
                 self._start(call_id, self._query(call_id, method, arguments))
@@ -145,6 +154,21 @@ class FrontendLink:
                 "[server] max_send_message_bytes)"
             )
         self.post(messages.result(call_id, result), size)
+
+    async def _embed(self, call_id: int, call: EmbedTokens) -> None:
+        result = await self.host.engine.embed(call)
+        size = result.vectors.nbytes + _REPLY_MARGIN
+        if size > self.link.outgoing.max_payload:
+            raise ResourceExhaustedError(
+                f"the vectors take {size - _REPLY_MARGIN} bytes, more than the ring back to "
+                f"the frontend holds ({self.link.outgoing.max_payload} bytes: twice [server] "
+                "max_send_message_bytes); send fewer texts a request"
+            )
+        vectors = [("embedding", result.vectors)]
+        done = PredictResult(
+            result.model, result.version, vectors, result.queue_s, result.compute_s
+        )
+        self.post(messages.result(call_id, done), size)
 
     def _generate(self, call_id: int, request: EngineCoreRequest) -> None:
         """Start a generation; a refusal (queue full, no stream slot) answers at once."""

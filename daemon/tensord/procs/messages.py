@@ -12,7 +12,7 @@ else can write into the rings (memfds shared by fd, never named).
 The frontend's data plane has checked, tokenised and admitted what it sends, for the
 exact version it picked; the engine sends back token ids, and the frontend makes the text.
 
-Frontend to engine: Predict, Generate, Query (info, snapshots), Abort (the caller went
+Frontend to engine: Predict, Embed, Generate, Query (info, snapshots), Abort (the caller went
 away), Stop (stop strings ended these generations).
 Engine to frontend: Result, Ok (a query's answer), Error (a call failed, or a generation
 was refused), Tokens (a step's tokens for this frontend), Ended (generations failed, or
@@ -31,7 +31,13 @@ import msgspec
 import numpy as np
 
 from tensord import errors
-from tensord.dataplane import EngineCoreRequest, PredictCall, PredictResult, TokenLogprob
+from tensord.dataplane import (
+    EmbedTokens,
+    EngineCoreRequest,
+    PredictCall,
+    PredictResult,
+    TokenLogprob,
+)
 from tensord.generate.core.outputs import EngineCoreOutput
 from tensord.generate.core.request import RequestStatus
 
@@ -110,6 +116,17 @@ class Predict(msgspec.Struct, tag=True, array_like=True):
     deadline: float | None
 
 
+class Embed(msgspec.Struct, tag=True, array_like=True):
+    """Texts' token ids (answered by a Result whose one tensor holds the vectors)."""
+
+    id: int
+    model: str
+    version: int
+    token_ids: Tensor
+    lengths: Tensor
+    deadline: float | None
+
+
 class Generate(msgspec.Struct, tag=True, array_like=True):
     id: int
     request: EngineCoreRequest
@@ -165,7 +182,9 @@ class Table(msgspec.Struct, tag=True, array_like=True):
     """The engine's ModelTable, pickled (control plane)."""
 
 
-Single = Predict | Generate | Query | Abort | Stop | Result | Ok | Error | Tokens | Ended | Table
+Single = (
+    Predict | Embed | Generate | Query | Abort | Stop | Result | Ok | Error | Tokens | Ended | Table
+)
 
 
 class Batch(msgspec.Struct, tag=True, array_like=True):
@@ -229,6 +248,9 @@ def _attach(message: Message, buffers: list[memoryview]) -> None:
             _attach(each, buffers)
     elif isinstance(message, Predict | Result):
         for tensor in message.inputs if isinstance(message, Predict) else message.outputs:
+            tensor.data = _array(tensor, buffers)
+    elif isinstance(message, Embed):
+        for tensor in (message.token_ids, message.lengths):
             tensor.data = _array(tensor, buffers)
 
 
@@ -300,6 +322,21 @@ def call_of(message: Predict) -> PredictCall:
         message.version,
         named_arrays(message.inputs),
         message.output_names,
+        message.deadline,
+    )
+
+
+def embed(call_id: int, call: EmbedTokens) -> Embed:
+    ids, lengths = tensors([("token_ids", call.token_ids), ("lengths", call.lengths)])
+    return Embed(call_id, call.model, call.version, ids, lengths, call.deadline)
+
+
+def embed_of(message: Embed) -> EmbedTokens:
+    return EmbedTokens(
+        message.model,
+        message.version,
+        message.token_ids.data,
+        message.lengths.data,
         message.deadline,
     )
 

@@ -23,6 +23,8 @@ from tokenizers import Tokenizer
 
 from tensord.config import TensordConfig
 from tensord.dataplane import (
+    EmbedResult,
+    EmbedTokens,
     EngineCoreRequest,
     ModelSnapshot,
     ModelTable,
@@ -33,6 +35,7 @@ from tensord.dataplane import (
     ServerInfo,
     TableEntry,
 )
+from tensord.embedding.folder import embedding_tokenizer
 from tensord.errors import (
     DeviceLostError,
     InternalError,
@@ -207,7 +210,9 @@ class RemoteEngine:
             )
         link.post(message, tensor_bytes + _RING_MARGIN)
 
-    async def _ask(self, message: messages.Predict | messages.Query, tensor_bytes: int = 0) -> Any:
+    async def _ask(
+        self, message: messages.Predict | messages.Embed | messages.Query, tensor_bytes: int = 0
+    ) -> Any:
         call_id = message.id
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = future
@@ -232,6 +237,14 @@ class RemoteEngine:
         result: PredictResult = await self._ask(message, wire_bytes(call.inputs))
         return result
 
+    async def embed(self, call: EmbedTokens) -> EmbedResult:
+        message = messages.embed(next(self._ids), call)
+        size = call.token_ids.nbytes + call.lengths.nbytes
+        done: PredictResult = await self._ask(message, size)
+        ((_, vectors),) = done.outputs
+        tokens = int(call.lengths.sum())
+        return EmbedResult(done.model, done.version, vectors, tokens, done.queue_s, done.compute_s)
+
     def add_generation(self, request: EngineCoreRequest, sink: OutputSink) -> str:
         call_id = next(self._ids)
         self._send(messages.Generate(call_id, request), 16 * len(request.prompt_token_ids))
@@ -254,16 +267,17 @@ class RemoteEngine:
         event loop (a request arriving before it is read reads it itself)."""
         for entry in self._table.versions:
             key = (entry.tokenizer_path, entry.serial)
-            if entry.generator is None or key in self._tokenizers or key in self._reading:
+            serves_text = entry.generator is not None or entry.embedding is not None
+            if not serves_text or key in self._tokenizers or key in self._reading:
                 continue
             self._reading.add(key)
-            task = asyncio.get_running_loop().create_task(self._read_tokenizer(key))
+            task = asyncio.get_running_loop().create_task(self._read_tokenizer(key, entry))
             self._reads.add(task)
             task.add_done_callback(self._reads.discard)
 
-    async def _read_tokenizer(self, key: tuple[str, int]) -> None:
+    async def _read_tokenizer(self, key: tuple[str, int], entry: TableEntry) -> None:
         try:
-            tokenizer = await asyncio.to_thread(load_tokenizer, Path(key[0]))
+            tokenizer = await asyncio.to_thread(_read_tokenizer, entry)
         except Exception as exc:  # the request that needs it reads it and answers why
             log.warning("frontend.tokenizer_unread", path=key[0], error=repr(exc))
             return
@@ -277,7 +291,7 @@ class RemoteEngine:
         key = (entry.tokenizer_path, entry.serial)
         tokenizer = self._tokenizers.get(key)
         if tokenizer is None:
-            tokenizer = self._tokenizers[key] = load_tokenizer(Path(entry.tokenizer_path))
+            tokenizer = self._tokenizers[key] = _read_tokenizer(entry)
         return tokenizer
 
     async def info(self) -> ServerInfo:
@@ -305,3 +319,11 @@ class RemoteEngine:
 
     async def close(self) -> None:
         self.detach("the server is shutting down")
+
+
+def _read_tokenizer(entry: TableEntry) -> Tokenizer:
+    """A version's tokenizer from its file: an embedding model's truncating at its
+    max_seq_length, as in the engine."""
+    if entry.embedding is not None:
+        return embedding_tokenizer(Path(entry.tokenizer_path), entry.embedding.max_seq_length)
+    return load_tokenizer(Path(entry.tokenizer_path))

@@ -13,7 +13,7 @@ import numpy as np
 import structlog
 
 from tensord.access import may_see
-from tensord.backends.base import Backend, DeviceOptions
+from tensord.backends.base import Backend, DeviceOptions, TensorSpec
 from tensord.backends.signature import check_batching
 from tensord.batching.batcher import BatchingSettings, DynamicBatcher
 from tensord.dtypes import DType
@@ -32,6 +32,9 @@ from tensord.processing.wrap import served_signature, with_processing
 from tensord.registry.changes import RepositoryChanges, label, plan_reload
 from tensord.registry.repository import VersionSource, read_repository
 from tensord.registry.version import (
+    EMBED_INPUT,
+    EMBED_OUTPUT,
+    EmbeddingVersion,
     GeneratorVersion,
     ModelState,
     ModelVersion,
@@ -226,6 +229,8 @@ class ModelRegistry:
                 entry.engine, entry.placement, entry.inputs, entry.outputs = load_engine(
                     entry.name, entry.path, entry.config, self._where
                 )
+            case EmbeddingVersion():
+                self._load_embedding(entry)
             case PredictVersion():
                 self._load_predict(entry)
 
@@ -259,6 +264,38 @@ class ModelRegistry:
         entry.executor, entry.placement = executor, backend.placement
         entry.processing = list(getattr(backend, "processing", []))
 
+    def _load_embedding(self, entry: EmbeddingVersion) -> None:
+        """A text encoder with pooling after it, on the predict executor; its served
+        signature is texts in, vectors out (the data plane tokenises)."""
+        from tensord.embedding.folder import read_embedding_folder
+        from tensord.embedding.loader import embedding_backend, warm_up_embedding
+
+        config = entry.config
+        directory = entry.path.parents[len(Path(config.model_file).parts) - 1]
+        spec = read_embedding_folder(directory, config.model_file, config.embedding)
+
+        def make(where: DeviceOptions) -> Backend:
+            return embedding_backend(self._factory(entry.path, config, where), spec)
+
+        backend = make(self._where)
+        try:
+            executor, backend = build_executor(
+                entry.name, backend, make, config.instances_on, self._where
+            )
+        except BaseException:
+            backend.close()
+            raise
+        try:
+            entry.token_inputs = list(backend.inputs)
+            spec = warm_up_embedding(executor, spec, entry.token_inputs)
+        except BaseException:
+            executor.close()
+            raise
+        entry.spec = spec
+        entry.inputs, entry.outputs = embedding_signature(spec.dimensions)
+        entry.executor, entry.placement = executor, backend.placement
+        entry.processing = list(getattr(backend, "processing", []))
+
     @staticmethod
     def _log_loaded(entry: ModelVersion) -> None:
         fields = {
@@ -278,7 +315,7 @@ class ModelRegistry:
                 executor=executor.kind if executor else None,
                 provider_reason=p.provider_reason,
                 executor_reason=executor.reason if executor else None,
-                batching=entry.config.dynamic_batching is not None,
+                batching=isinstance(entry, PredictVersion) and entry.batcher is not None,
                 processing=[f"{r.kind}:{r.device}" for r in processing] or None,
             )
         else:
@@ -417,8 +454,11 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def _make_batcher(entry: PredictVersion) -> DynamicBatcher | None:
-    """A batcher when model.toml has [dynamic_batching] (created on the event loop)."""
+    """A batcher when model.toml has [dynamic_batching], or packing an embedding model's
+    texts by length (created on the event loop)."""
     config, executor = entry.config, entry.executor
+    if isinstance(entry, EmbeddingVersion) and executor is not None and entry.spec is not None:
+        return _embedding_batcher(entry, executor)
     if config.dynamic_batching is None or executor is None:
         return None
     db = config.dynamic_batching
@@ -432,6 +472,32 @@ def _make_batcher(entry: PredictVersion) -> DynamicBatcher | None:
     )
     return DynamicBatcher(
         entry.name, settings, functools.partial(run_splitting_on_oom, executor.run)
+    )
+
+
+def _embedding_batcher(entry: EmbeddingVersion, executor: Executor) -> DynamicBatcher:
+    from tensord.embedding.folder import INPUT_IDS
+
+    assert entry.config.embedding is not None and entry.spec is not None
+    emb = entry.config.embedding
+    settings = BatchingSettings(
+        max_batch_size=emb.max_batch_size,
+        max_queue_delay_s=emb.max_queue_delay_microseconds / 1e6,
+        max_queue_size=emb.max_queue_size,
+        instances=entry.config.instances_on(executor.kind),
+        max_batch_tokens=emb.max_batch_tokens,
+        pad_values=((INPUT_IDS, entry.spec.pad_token_id),),
+    )
+    return DynamicBatcher(
+        entry.name, settings, functools.partial(run_splitting_on_oom, executor.run)
+    )
+
+
+def embedding_signature(dimensions: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """What Predict serves for an embedding model: texts in, vectors out."""
+    return (
+        [TensorSpec(EMBED_INPUT, DType.STRING, (-1,))],
+        [TensorSpec(EMBED_OUTPUT, DType.FLOAT32, (-1, dimensions or -1))],
     )
 
 

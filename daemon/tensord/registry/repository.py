@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tensord.errors import ModelLoadError
 from tensord.generate.model.genai_config import GENAI_CONFIG_FILE, builder_model_file
+from tensord.modelconfig.embedding import EmbeddingConfig
 from tensord.modelconfig.generator import GeneratorConfig
 from tensord.modelconfig.model import (
     MODEL_TOML,
     ModelConfig,
     ModelKind,
+    embedding_key_problems,
     generator_key_problems,
     read_model_config,
 )
@@ -94,8 +96,9 @@ class VersionSource:
 
     @property
     def directory(self) -> Path:
-        """The version's directory (a generator's files sit beside its model file)."""
-        return self.path.parent
+        """The version's directory (a generator's files sit beside its model file; an
+        embedding folder's model file may be onnx/model.onnx under it)."""
+        return self.path.parents[len(PurePosixPath(self.config.model_file).parts) - 1]
 
 
 @dataclass(slots=True)
@@ -158,6 +161,8 @@ def _scan_model(
     except OSError as exc:
         reason = f"{model_dir}: cannot read: {exc}"
         return [_whole_model_failure(model_dir, name, config, reason)]
+    if any(src.directory == model_dir for src in sources):
+        return sources  # served from the model's directory: its subdirectories are its own
     served = {src.directory for src in sources} | {model_dir / str(s.version) for s in sources}
     with contextlib.suppress(OSError):  # what cannot be read, the versions' reasons say
         skipped += subdirectory_skips(model_dir, served, config.versions)
@@ -178,8 +183,9 @@ def _scan_versions(
     if not on_disk and not refused and (model_dir / top.model_file).exists():
         on_disk = {1: model_dir}
     config = _resolve_kind(config, on_disk)
-    if config.kind == "generator":
-        wrong = generator_key_problems(config)
+    if config.kind in ("generator", "embedding"):
+        problems = generator_key_problems if config.kind == "generator" else embedding_key_problems
+        wrong = problems(config)
         if wrong:
             reason = f"{model_dir / MODEL_TOML}: {'; '.join(wrong)}"
             return [_whole_model_failure(model_dir, name, config, reason)]
@@ -208,6 +214,8 @@ def _scan_versions(
             error += model_file_hint(directory, here.model_file, model_dir)
         if not error and here.kind == "generator":
             error = _generator_problem(directory, here.model_file, model_dir, follow_symlinks)
+        if not error and here.kind == "embedding":
+            error = _embedding_problem(directory, model_dir, follow_symlinks)
         sources.append(
             VersionSource(name, version, path, here, error, fingerprint(directory), model_dir)
         )
@@ -287,6 +295,10 @@ def _in_directory(config: ModelConfig, directory: Path) -> ModelConfig:
     if "model_file" in config.model_fields_set:
         return config
     name = builder_model_file(directory)
+    if name is None and config.kind in (None, "embedding"):
+        from tensord.embedding.folder import embedding_model_file
+
+        name = embedding_model_file(directory)
     if name is None or name == config.model_file:
         return config
     return config.model_copy(update={"model_file": name})
@@ -296,16 +308,27 @@ def _resolve_kind(config: ModelConfig, on_disk: dict[int, Path]) -> ModelConfig:
     """The config with its kind decided and, for a generator, its [generator] defaults."""
     kind = config.kind
     if kind is None:
-        # Here, not at the top: model_dir brings onnx, which a frontend process importing
-        # the registry's types never needs.
+        # Here, not at the top: these bring onnx, which a frontend process importing the
+        # registry's types never needs.
+        from tensord.embedding.folder import is_embedding_dir
         from tensord.generate.model.model_dir import is_generator_dir
 
-        detected = any(
+        if config.embedding is not None or any(
+            is_embedding_dir(d, _in_directory(config, d).model_file) for d in on_disk.values()
+        ):
+            kind = "embedding"
+        elif config.generator is not None or any(
             is_generator_dir(d, _in_directory(config, d).model_file) for d in on_disk.values()
-        )
-        kind = "generator" if detected or config.generator is not None else "predict"
+        ):
+            kind = "generator"
+        else:
+            kind = "predict"
     if kind == "predict":
         return config.model_copy(update={"kind": kind})
+    if kind == "embedding":
+        return config.model_copy(
+            update={"kind": kind, "embedding": config.embedding or EmbeddingConfig()}
+        )
     return config.model_copy(
         update={"kind": kind, "generator": config.generator or GeneratorConfig()}
     )
@@ -333,3 +356,12 @@ def _generator_problem(
         if problem:
             return problem
     return ""
+
+
+def _embedding_problem(directory: Path, model_dir: Path, follow_symlinks: bool) -> str:
+    """Why an embedding folder's files cannot be served ("" when they can): tokenizer.json
+    missing, or not a regular file, or led outside the model's directory by symlinks."""
+    path = directory / "tokenizer.json"
+    if not path.exists():
+        return f"{directory}: an embedding model needs tokenizer.json beside its files"
+    return _model_file_problem(path, model_dir, follow_symlinks)

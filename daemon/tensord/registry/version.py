@@ -1,7 +1,8 @@
 """A served model version: its state and what the data plane runs it with.
 
 A version is a tagged union: a `PredictVersion` (an executor, maybe a batcher, tensors in
-and out) or a `GeneratorVersion` (a generation engine streaming tokens). Both share
+and out; an `EmbeddingVersion` is one, serving texts) or a `GeneratorVersion` (a generation
+engine streaming tokens). Both share
 `VersionBase`; callers tell them apart by type (`match`/`isinstance`) or by `kind`.
 """
 
@@ -22,6 +23,7 @@ from tensord.processing.host import ProcessingReport
 from tensord.registry.repository import Fingerprint, VersionSource
 
 if TYPE_CHECKING:
+    from tensord.embedding.folder import EmbeddingSpec
     from tensord.generate.engine.engine import GenerationEngine
 
 
@@ -105,13 +107,34 @@ class GeneratorVersion(VersionBase):
     """The generation engine once it is loaded (None while loading, failed or freed)."""
 
 
+@dataclass(slots=True)
+class EmbeddingVersion(PredictVersion):
+    """A text-embedding model: texts in, vectors out. Run as a predict model on token ids
+    (its executor, and a batcher that packs texts by length); the data plane tokenises."""
+
+    kind: ClassVar[Literal["embedding"]] = "embedding"  # type: ignore[assignment]
+    spec: EmbeddingSpec | None = None
+    """What its folder says (set once it is loaded)."""
+    token_inputs: list[TensorSpec] = field(default_factory=list)
+    """The model's own inputs (token ids, mask, ...), which its executor runs on."""
+
+
+EMBED_INPUT = "text"
+"""An embedding model's Predict input: BYTES [N], UTF-8 texts."""
+EMBED_OUTPUT = "embedding"
+"""An embedding model's Predict output: FP32 [N, dimensions]."""
+
+
 ModelVersion: TypeAlias = PredictVersion | GeneratorVersion
-"""One served model version of either kind."""
+"""One served model version of any kind (an EmbeddingVersion is a PredictVersion)."""
 
 
 def from_source(src: VersionSource) -> ModelVersion:
     """A LOADING entry for a version found on disk, of the kind its model.toml names."""
-    cls = GeneratorVersion if src.config.kind == "generator" else PredictVersion
+    cls: type[ModelVersion] = {
+        "generator": GeneratorVersion,
+        "embedding": EmbeddingVersion,
+    }.get(src.config.kind or "", PredictVersion)
     return cls(
         src.name,
         src.version,

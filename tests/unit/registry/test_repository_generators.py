@@ -127,7 +127,7 @@ def test_explicit_kinds(tmp_path: Path) -> None:
         ),
         ("[generator]\nblock_size = 0\n", "generator.block_size: expected a value greater than"),
         ("[generator]\nmax_blocks = 3\n", "generator.max_blocks: unknown key"),
-        ('kind = "encoder"\n', "kind: expected 'predict' or 'generator'"),
+        ('kind = "encoder"\n', "kind: expected 'predict', 'generator' or 'embedding'"),
         ("[generator]\nstream_interval = 0\n", "generator.stream_interval"),
         ('[generator]\nstream_interval = "often"\n', "generator.stream_interval"),
     ],

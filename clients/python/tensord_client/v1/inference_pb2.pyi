@@ -156,6 +156,48 @@ class GenerateRequest(_message.Message):
     priority: int
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ...) -> None: ...
 
+class EmbedRequest(_message.Message):
+    __slots__ = ("model", "version", "texts", "token_ids", "truncate", "dimensions")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
+    truncate: bool
+    dimensions: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("model", "version", "embeddings", "prompt_tokens", "timing")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
+    prompt_tokens: int
+    timing: Timing
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class SamplingParams(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "constraint")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -363,7 +405,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DataType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., unknown_rank: _Optional[bool] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "state", "reason", "backend", "provider", "provider_reason", "requested_providers", "executor", "inputs", "outputs", "max_batch_size", "load_time_ms", "kind", "instance_count", "dynamic_batching", "executor_status", "preprocess", "postprocess", "generator")
+    __slots__ = ("name", "version", "state", "reason", "backend", "provider", "provider_reason", "requested_providers", "executor", "inputs", "outputs", "max_batch_size", "load_time_ms", "kind", "instance_count", "dynamic_batching", "executor_status", "preprocess", "postprocess", "generator", "embedding")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +426,7 @@ class ModelInfo(_message.Message):
     PREPROCESS_FIELD_NUMBER: _ClassVar[int]
     POSTPROCESS_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: int
     state: ModelState
@@ -404,7 +447,22 @@ class ModelInfo(_message.Message):
     preprocess: ProcessingStep
     postprocess: ProcessingStep
     generator: GeneratorStatus
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ..., instance_count: _Optional[int] = ..., dynamic_batching: _Optional[_Union[DynamicBatching, _Mapping]] = ..., executor_status: _Optional[_Union[ExecutorStatus, _Mapping]] = ..., preprocess: _Optional[_Union[ProcessingStep, _Mapping]] = ..., postprocess: _Optional[_Union[ProcessingStep, _Mapping]] = ..., generator: _Optional[_Union[GeneratorStatus, _Mapping]] = ...) -> None: ...
+    embedding: EmbeddingStatus
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ..., backend: _Optional[str] = ..., provider: _Optional[str] = ..., provider_reason: _Optional[str] = ..., requested_providers: _Optional[_Iterable[str]] = ..., executor: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., load_time_ms: _Optional[float] = ..., kind: _Optional[str] = ..., instance_count: _Optional[int] = ..., dynamic_batching: _Optional[_Union[DynamicBatching, _Mapping]] = ..., executor_status: _Optional[_Union[ExecutorStatus, _Mapping]] = ..., preprocess: _Optional[_Union[ProcessingStep, _Mapping]] = ..., postprocess: _Optional[_Union[ProcessingStep, _Mapping]] = ..., generator: _Optional[_Union[GeneratorStatus, _Mapping]] = ..., embedding: _Optional[_Union[EmbeddingStatus, _Mapping]] = ...) -> None: ...
+
+class EmbeddingStatus(_message.Message):
+    __slots__ = ("max_seq_length", "dimensions", "pooling", "normalized", "max_batch_tokens")
+    MAX_SEQ_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZED_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    max_seq_length: int
+    dimensions: int
+    pooling: str
+    normalized: bool
+    max_batch_tokens: int
+    def __init__(self, max_seq_length: _Optional[int] = ..., dimensions: _Optional[int] = ..., pooling: _Optional[str] = ..., normalized: _Optional[bool] = ..., max_batch_tokens: _Optional[int] = ...) -> None: ...
 
 class GeneratorStatus(_message.Message):
     __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_queue_size", "running", "waiting", "kv_cache", "steps", "generated_tokens", "prefix_hit_tokens", "preemptions", "eos_token_ids", "stream_interval", "batch_layout", "batch_layout_reason", "model_passes", "pass_sequences", "max_pass_sequences", "kv_path", "kv_path_reason", "slot_bytes", "slot_moves", "step_seconds", "model_seconds", "prefix_query_tokens", "prefix_store", "prefix_bytes_loaded", "prefix_bytes_saved", "constraints")

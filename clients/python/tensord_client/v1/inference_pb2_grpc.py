@@ -45,6 +45,11 @@ class InferenceServiceStub:
                 request_serializer=tensord_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=tensord_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/tensord.v1.InferenceService/Embed',
+                request_serializer=tensord_dot_v1_dot_inference__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=tensord_dot_v1_dot_inference__pb2.EmbedResponse.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/tensord.v1.InferenceService/Health',
                 request_serializer=tensord_dot_v1_dot_inference__pb2.HealthRequest.SerializeToString,
@@ -77,6 +82,14 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embed turns texts (or token ids) into vectors with an embedding model, one vector an
+        input, in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Health(self, request, context):
         """Health reports whether the server is serving and whether each model is ready.
         """
@@ -103,6 +116,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=tensord_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=tensord_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=tensord_dot_v1_dot_inference__pb2.EmbedRequest.FromString,
+                    response_serializer=tensord_dot_v1_dot_inference__pb2.EmbedResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -170,6 +188,33 @@ class InferenceService:
             '/tensord.v1.InferenceService/Generate',
             tensord_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             tensord_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensord.v1.InferenceService/Embed',
+            tensord_dot_v1_dot_inference__pb2.EmbedRequest.SerializeToString,
+            tensord_dot_v1_dot_inference__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -19,7 +19,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tensord.access import current_principal
-from tensord.dataplane import GENERATOR, DataPlane, GenerateCall, RequestOutput, text_bytes
+from tensord.dataplane import (
+    EMBEDDING,
+    GENERATOR,
+    DataPlane,
+    GenerateCall,
+    RequestOutput,
+    text_bytes,
+)
 from tensord.errors import RateLimitedError, ResourceExhaustedError, UnavailableError
 from tensord.observability import RequestObserver
 from tensord.observability.tracing import HttpExchange
@@ -32,6 +39,7 @@ from tensord.server.kit.rpc import (
     new_request_id,
     sane_request_id,
 )
+from tensord.server.openai.embeddings import embed_request, embed_response, response_bytes
 from tensord.server.openai.requests import (
     GenerationRequest,
     RequestError,
@@ -51,6 +59,7 @@ from tensord.server.openai.stream import EventStream, events
 log = structlog.get_logger("tensord.request")
 
 Handler = Callable[[Request, "Call"], Awaitable[Response]]
+T = TypeVar("T")
 
 
 _INLINE_BODY_BYTES = 64 * 1024
@@ -130,6 +139,7 @@ class OpenAIRoutes:
                 self._route("GET", "/v1/models", "openai.models", self._models),
                 self._route("POST", "/v1/completions", "openai.completions", self._completions),
                 self._route("POST", "/v1/chat/completions", "openai.chat_completions", self._chat),
+                self._route("POST", "/v1/embeddings", "openai.embeddings", self._embeddings),
             ]
         )
 
@@ -224,7 +234,7 @@ class OpenAIRoutes:
     async def _models(self, request: Request, call: Call) -> Response:
         models = [
             {"id": name, "object": "model", "created": 0, "owned_by": "tensord"}
-            for name in self.dataplane.generator_models()
+            for name in self.dataplane.openai_models()
         ]
         return JSONResponse({"object": "list", "data": models})
 
@@ -241,6 +251,27 @@ class OpenAIRoutes:
         large = size > _INLINE_BODY_BYTES
         req = await asyncio.to_thread(chat_request, body) if large else chat_request(body)
         return await self._generate(req, request, call, size, arrival, chat=True)
+
+    async def _embeddings(self, request: Request, call: Call) -> Response:
+        body, size = await self._body(request)
+        large = size > _INLINE_BODY_BYTES
+        embed, encoding = (
+            await asyncio.to_thread(embed_request, body) if large else embed_request(body)
+        )
+        call.model = embed.model
+        entry = self.dataplane.lookup(embed.model, 0, EMBEDDING)
+        with self.intake.budget(size):
+            result = await _unless_disconnected(request, self.dataplane.embed(embed, entry))
+        if result is None:
+            log.info("request.cancelled", request_id=call.id, rpc=call.rpc, status="CANCELLED")
+            call.status = 499
+            self.finished(call, grpc.StatusCode.CANCELLED)
+            return Gone(status_code=499)
+        if response_bytes(result.vectors) > _INLINE_BODY_BYTES:
+            content = await asyncio.to_thread(embed_response, result, encoding, embed.model)
+        else:
+            content = embed_response(result, encoding, embed.model)
+        return Response(content, media_type="application/json")
 
     async def _generate(
         self,
@@ -322,9 +353,7 @@ class OpenAIRoutes:
         return ended
 
 
-async def _unless_disconnected(
-    request: Request, work: Coroutine[Any, Any, dict[str, Any]]
-) -> dict[str, Any] | None:
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
     """`work`'s result, or None once the client disconnects first (`work` is then
     cancelled: a generation aborts, and its KV blocks are freed, within a step)."""
 

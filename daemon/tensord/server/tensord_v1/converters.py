@@ -9,6 +9,8 @@ from typing import cast
 from tensord.dataplane import (
     BatchingSnapshot,
     Constraint,
+    EmbedCall,
+    EmbedResult,
     ExecutorStats,
     GenerateCall,
     GeneratorSnapshot,
@@ -44,6 +46,35 @@ def predict_response(result: PredictResult, contents: bool, total_us: int) -> pb
     for name, array in result.outputs:
         # Filled in place: a Tensor built apart and passed in would be copied once more.
         fill_tensor(outputs.add(), name, array, contents=contents)
+    timing = response.timing
+    timing.queue_us = int(result.queue_s * 1e6)
+    timing.compute_us = int(result.compute_s * 1e6)
+    timing.total_us = total_us
+    return response
+
+
+def embed_call(request: pb.EmbedRequest, time_remaining: float | None) -> EmbedCall:
+    """Decode an EmbedRequest (truncation on unless `truncate` is set false)."""
+    deadline = None if time_remaining is None else time.monotonic() + time_remaining
+    return EmbedCall(
+        request.model,
+        request.version,
+        list(request.texts),
+        [list(t.ids) for t in request.token_ids],
+        truncate=request.truncate if request.HasField("truncate") else True,
+        dimensions=request.dimensions,
+        deadline=deadline,
+    )
+
+
+def embed_response(result: EmbedResult, total_us: int) -> pb.EmbedResponse:
+    """Encode an EmbedResult: one Embedding a vector."""
+    response = pb.EmbedResponse(
+        model=result.model, version=result.version, prompt_tokens=result.prompt_tokens
+    )
+    embeddings = response.embeddings
+    for vector in result.vectors.tolist():
+        embeddings.add().values.extend(vector)
     timing = response.timing
     timing.queue_us = int(result.queue_s * 1e6)
     timing.compute_us = int(result.compute_s * 1e6)
@@ -245,6 +276,17 @@ def model_info(m: ModelSnapshot) -> pb.ModelInfo:
         )
     if m.generator is not None:
         info.generator.CopyFrom(generator_status(m.generator))
+    if m.embedding is not None:
+        e = m.embedding
+        info.embedding.CopyFrom(
+            pb.EmbeddingStatus(
+                max_seq_length=e.max_seq_length,
+                dimensions=e.dimensions,
+                pooling=e.pooling,
+                normalized=e.normalized,
+                max_batch_tokens=e.max_batch_tokens,
+            )
+        )
     if m.preprocess is not None:
         info.preprocess.CopyFrom(_step(m.preprocess))
     if m.postprocess is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tensord.dataplane import MAX_EMBED_INPUTS
 from tensord.errors import InvalidArgumentError
 from tensord.server.kit import look as kit
 from tensord.server.kit.look import Look, Walk
@@ -57,9 +58,33 @@ def _look_generate(walk: Walk) -> Look:
     return look
 
 
+def _look_embed(walk: Walk) -> Look:
+    """EmbedRequest: model 1, version 2, texts 3, token_ids 4 (each a TokenIds, whose
+    ids are counted); too many inputs are refused before the message is parsed."""
+    look = Look()
+    inputs = 0
+    for field in walk.fields():
+        if kit.model_and_version(walk, field, look):
+            continue
+        if field.number in (3, 4) and field.wire_type == LENGTH:
+            inputs += 1
+            if inputs > MAX_EMBED_INPUTS:
+                raise InvalidArgumentError(
+                    f"the request has more than {MAX_EMBED_INPUTS} inputs; at most "
+                    f"{MAX_EMBED_INPUTS} may go in one request"
+                )
+            if field.number == 4:
+                for ids in walk.fields(field.value, field.end):
+                    count, _ = walk.repeated_numbers(ids)
+                    look.token_ids += count
+    look.parsed_extra_bytes = look.token_ids * kit.PARSED_INTEGER_BYTES
+    return look
+
+
 LOOKERS: dict[str, Callable[[Walk], Look]] = {
     "Predict": _look_predict,
     "Generate": _look_generate,
+    "Embed": _look_embed,
     "Health": kit.look_model,
     "Info": kit.look_empty,
 }

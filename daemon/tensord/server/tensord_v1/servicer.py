@@ -13,7 +13,7 @@ import structlog
 
 from tensord.access import check_model
 from tensord.config_tables import LimitsSettings
-from tensord.dataplane import GENERATOR, PREDICT, DataPlane, TableEntry
+from tensord.dataplane import EMBEDDING, GENERATOR, PREDICT, DataPlane, TableEntry
 from tensord.observability.observer import RequestObserver
 from tensord.server.kit.intake import Intake
 from tensord.server.kit.look import Look
@@ -59,7 +59,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     def check_model(self, rpc: str, model: str) -> None:
         """As soon as a request's model name is read: the caller may use it."""
-        if rpc in ("Predict", "Generate"):
+        if rpc in ("Predict", "Generate", "Embed"):
             check_model(model)
 
     def check_look(self, rpc: str, look: Look) -> TableEntry | None:
@@ -68,6 +68,8 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         tokenised or converted)."""
         if rpc == "Predict":
             return self._dataplane.lookup(look.model, look.version, PREDICT, authorised=True)
+        if rpc == "Embed":
+            return self._dataplane.lookup(look.model, look.version, EMBEDDING, authorised=True)
         if rpc == "Generate":
             entry = self._dataplane.lookup(look.model, look.version, GENERATOR, authorised=True)
             self._dataplane.check_prompt_size(
@@ -107,6 +109,18 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         if offload:
             return await asyncio.to_thread(converters.predict_response, result, contents, total_us)
         return converters.predict_response(result, contents, total_us)
+
+    @unary_rpc(pb.EmbedRequest)
+    async def Embed(
+        self, request: pb.EmbedRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.EmbedResponse:
+        start = time.perf_counter()
+        call = converters.embed_call(request, context.time_remaining())
+        result = await self._dataplane.embed(call, target)
+        total_us = int((time.perf_counter() - start) * 1e6)
+        if result.vectors.size > 65536:  # building the reply takes milliseconds
+            return await asyncio.to_thread(converters.embed_response, result, total_us)
+        return converters.embed_response(result, total_us)
 
     @stream_rpc(pb.GenerateRequest)
     async def Generate(

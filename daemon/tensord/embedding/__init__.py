@@ -1,0 +1,1 @@
+"""Text embedding models: sentence-transformers folders, read as the Hub publishes them."""
