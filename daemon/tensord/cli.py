@@ -224,7 +224,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  not {provider}: {reason}")
     if "generator" in report:
         _print_generator(report["generator"])
+    if "embedding" in report:
+        _print_embedding(report["embedding"])
     return 0
+
+
+def _print_embedding(e: dict[str, Any]) -> None:
+    """The embedding part of `tensord inspect`: can Embed serve the folder, and how."""
+    if e["servable"]:
+        print(f"Embed: can serve it: {e['description']}")
+    else:
+        print(f"Embed: cannot serve it: {e['reason']}")
 
 
 def _print_generator(generator: dict[str, Any]) -> None:
@@ -313,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_flags(check)
     check.set_defaults(func=cmd_check_config)
-    insp = sub.add_parser("inspect", help="describe an ONNX model file")
+    insp = sub.add_parser("inspect", help="describe an ONNX model file, or a model folder")
     insp.add_argument("model", type=Path)
     insp.add_argument("--json", action="store_true", help="print JSON")
     insp.set_defaults(func=cmd_inspect)

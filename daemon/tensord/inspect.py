@@ -1,5 +1,6 @@
 """`tensord inspect`: what an ONNX file is, which providers here can run it, and, for a
-decoder export, whether Generate can serve it and how it batches."""
+decoder export, whether Generate can serve it and how it batches; for a sentence-transformers
+folder, whether it is served as an embedding model and how it pools."""
 
 from __future__ import annotations
 
@@ -12,11 +13,21 @@ from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 from tensord.backends.onnx_file import read_onnx
 from tensord.backends.onnxruntime import available_providers, describe
 from tensord.dtypes import dtype_name
+from tensord.embedding.folder import (
+    embedding_model_file,
+    is_embedding_dir,
+    read_embedding_folder,
+)
+from tensord.errors import ModelLoadError
 from tensord.generate.model.describe import describe_generator, looks_like_decoder
 
 
 def inspect_model(path: Path) -> dict[str, Any]:
-    """A JSON-ready description of the model file."""
+    """A JSON-ready description of the model file (or of a model folder's: a
+    sentence-transformers folder's onnx/model.onnx, else its model.onnx)."""
+    folder = _embedding_folder(path)
+    if path.is_dir():
+        path = path / (embedding_model_file(path) or "model.onnx")
     proto = read_onnx(path)
     runnable, unrunnable, signature = _try_providers(path)
     external = _external_files(path, proto)
@@ -34,9 +45,39 @@ def inspect_model(path: Path) -> dict[str, Any]:
         "runnable_providers": runnable,
         "unrunnable_providers": unrunnable,
     }
-    if looks_like_decoder(path, proto.graph):
+    if folder is not None:
+        report["embedding"] = _describe_embedding(folder, path)
+    elif looks_like_decoder(path, proto.graph):
         report["generator"] = describe_generator(path)
     return report
+
+
+def _embedding_folder(path: Path) -> Path | None:
+    """The sentence-transformers folder `path` is, or whose model file it is."""
+    if path.is_dir():
+        return path if embedding_model_file(path) is not None else None
+    for folder in (path.parent, path.parent.parent):
+        if is_embedding_dir(folder, path.relative_to(folder).as_posix()):
+            return folder
+    return None
+
+
+def _describe_embedding(folder: Path, path: Path) -> dict[str, Any]:
+    """Whether tensord serves the folder as an embedding model, and how."""
+    try:
+        spec = read_embedding_folder(folder, path.relative_to(folder).as_posix())
+    except ModelLoadError as exc:
+        return {"servable": False, "reason": str(exc)}
+    return {
+        "servable": True,
+        "description": spec.describe(),
+        "max_seq_length": spec.max_seq_length,
+        "pooling": list(spec.pooling) or "graph",
+        "normalize": spec.normalize,
+        "output": spec.output,
+        "dimensions": spec.dimensions or None,
+        "prompt": spec.prompt,
+    }
 
 
 def _try_providers(
