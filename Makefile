@@ -173,6 +173,7 @@ bench: $(VENV)/.setup-dev $(VENV)/.setup-export demo
 	$(PY) benchmarks/generate_hf_bench.py --model builder $(GENERATE_HF_ARGS)
 	$(PY) benchmarks/generate_hf_bench.py --model optimum $(GENERATE_HF_ARGS)
 	$(PY) benchmarks/structured_bench.py
+	$(PY) benchmarks/embed_bench.py
 	$(PY) benchmarks/soak.py $(SOAK_ARGS)
 	TENSORD_FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -p no:cacheprovider tests/e2e/test_fuzz.py
 

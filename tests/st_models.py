@@ -118,17 +118,31 @@ def _tokenizer(family: str, work: Path) -> Any:
     return cls(vocab_file=str(vocab_file), do_lower_case=True, model_max_length=MAX_POSITIONS)
 
 
-def _model(family: str, vocab_size: int, pad_token_id: int, seed: int) -> Any:
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+    },
+    # all-MiniLM-L6-v2's shape, for benchmarks.
+    "minilm": {
+        "hidden_size": 384,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 12,
+        "intermediate_size": 1536,
+    },
+}
+
+
+def _model(family: str, vocab_size: int, pad_token_id: int, seed: int, size: str) -> Any:
     """The family's encoder with seeded random weights, in eval mode."""
     import torch
     import transformers
 
     common: dict[str, Any] = {
         "vocab_size": vocab_size,
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
+        **SIZES[size],
         "initializer_range": 0.2,
         "pad_token_id": pad_token_id,
     }
@@ -154,7 +168,13 @@ def _model(family: str, vocab_size: int, pad_token_id: int, seed: int) -> Any:
 
 
 def _save_st(
-    folder: Path, family: str, pooling: str, normalize: bool, max_seq_length: int, seed: int
+    folder: Path,
+    family: str,
+    pooling: str,
+    normalize: bool,
+    max_seq_length: int,
+    seed: int,
+    size: str = "tiny",
 ) -> None:
     """Build the SentenceTransformer and save it to folder (which must not exist yet)."""
     from sentence_transformers import SentenceTransformer, models
@@ -163,7 +183,8 @@ def _save_st(
         work = Path(tmp)
         tokenizer = _tokenizer(family, work)
         tokenizer.save_pretrained(work / "hf")
-        _model(family, len(tokenizer), tokenizer.pad_token_id, seed).save_pretrained(work / "hf")
+        model = _model(family, len(tokenizer), tokenizer.pad_token_id, seed, size)
+        model.save_pretrained(work / "hf")
         transformer = models.Transformer(str(work / "hf"), max_seq_length=max_seq_length)
         modules: list[Any] = [
             transformer,
@@ -201,12 +222,14 @@ def build_st_folder(
     max_seq_length: int = 64,
     matryoshka: bool = False,
     seed: int = 0,
+    size: str = "tiny",
 ) -> Path:
     """Build the folder under root (a new subdirectory named after the arguments, see
     `folder_name`) and return it.
 
     matryoshka changes nothing in the folder (a Matryoshka model's files are those of any
     other: the daemon truncates to the first N dimensions); it only names the folder apart.
+    `size` is a key of SIZES ("minilm": all-MiniLM-L6-v2's shape, for benchmarks).
     """
     if family not in FAMILIES or layout not in LAYOUTS or pooling not in POOLINGS:
         raise ValueError(f"unknown family, layout or pooling: {family}, {layout}, {pooling}")
@@ -220,7 +243,7 @@ def build_st_folder(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if layout == "hub":
-            _save_st(folder, family, pooling, normalize, max_seq_length, seed)
+            _save_st(folder, family, pooling, normalize, max_seq_length, seed, size)
             with tempfile.TemporaryDirectory(prefix="st-onnx-") as tmp:
                 _export(folder, Path(tmp), "transformers")
                 (folder / "onnx").mkdir()
@@ -230,7 +253,7 @@ def build_st_folder(
             source = folder.with_name(folder.name + SOURCE_SUFFIX)
             if source.exists():
                 raise FileExistsError(source)
-            _save_st(source, family, pooling, normalize, max_seq_length, seed)
+            _save_st(source, family, pooling, normalize, max_seq_length, seed, size)
             _export(source, folder, "sentence_transformers")
     return folder
 

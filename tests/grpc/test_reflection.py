@@ -33,7 +33,13 @@ def test_list_describe_and_call(server: ServerThread) -> None:
         # A fresh pool: nothing here comes from the generated modules.
         pool = descriptor_pool.DescriptorPool(database)
         service = pool.FindServiceByName("tensord.v1.InferenceService")
-        assert [m.name for m in service.methods] == ["Predict", "Generate", "Health", "Info"]
+        assert [m.name for m in service.methods] == [
+            "Predict",
+            "Generate",
+            "Embed",
+            "Health",
+            "Info",
+        ]
         kserve = pool.FindServiceByName("inference.GRPCInferenceService")
         assert {"ModelInfer", "ModelMetadata", "ModelConfig"} <= {m.name for m in kserve.methods}
         assert service.methods_by_name["Generate"].server_streaming

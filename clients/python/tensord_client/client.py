@@ -149,7 +149,8 @@ class Client:
     ) -> np.ndarray:
         """One vector per text (or per list of token ids) from an embedding model, float32
         [inputs, dimensions]. A text longer than the model takes is cut (`truncate=False`:
-        refused); `dimensions` keeps the first values, normalised again."""
+        refused); `dimensions` keeps the first values (normalised again when the
+        model normalises)."""
         request = embed_request(model, texts, token_ids, version, truncate, dimensions)
         response: pb.EmbedResponse = _unary(
             self._stub.Embed,

@@ -27,6 +27,8 @@ def read_onnx(path: Path) -> onnx.ModelProto:
     return model
 
 
+_MAX_VALUE_INFO = 1 << 20
+"""A graph output's ValueInfoProto (name, type, shape, doc) is never larger."""
 _GRAPH, _GRAPH_OUTPUT, _VALUE_NAME = 7, 12, 1
 """ModelProto.graph, GraphProto.output and ValueInfoProto.name (onnx.proto's numbers)."""
 
@@ -43,17 +45,21 @@ def graph_output_names(path: Path) -> list[str]:
                 return []
             names = []
             start, size = graph
-            f.seek(start)
             limit = start + size
+            if limit > end:
+                return []
+            f.seek(start)
             while f.tell() < limit:
                 field, wire = _read_tag(f)
                 if field == _GRAPH_OUTPUT and wire == 2:
                     length = _read_varint(f)
+                    if length > min(limit - f.tell(), _MAX_VALUE_INFO):
+                        return []
                     names.append(_value_name(f.read(length)))
                 else:
                     _skip(f, wire)
             return [n for n in names if n]
-    except (OSError, ValueError):
+    except (OSError, ValueError, OverflowError, MemoryError):
         return []
 
 

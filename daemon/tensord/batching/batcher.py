@@ -28,11 +28,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from tensord.errors import ResourceExhaustedError, UnavailableError
+from tensord.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from tensord.executor.base import RunResult
 from tensord.executor.deadlines import Queued
 
 log = structlog.get_logger("tensord.batching")
+
+PAD_SLACK = 0.25
+PAD_ALLOWANCE = 256
+"""With a token budget, a request joins a batch only while its padding stays within this
+share of its tokens plus this many: texts of very different lengths run apart."""
 
 # Joins the requests' inputs along dimension 0 and runs them once, off the event loop
 # (an executor's `run`).
@@ -139,6 +144,27 @@ class DynamicBatcher:
     def queue_depth(self) -> int:
         """Requests waiting (not counting those cancelled or expired in the queue)."""
         return sum(1 for pending in self._queue if not pending.future.done())
+
+    def check_room(self, requests: int) -> None:
+        """Before `requests` requests of one call are submitted: INVALID_ARGUMENT when
+        they exceed max_queue_size (they could never wait together), RESOURCE_EXHAUSTED
+        when the queue has no room for all of them now (none is queued)."""
+        limit = self.settings.max_queue_size
+        if not limit:
+            return
+        if requests > limit:
+            raise InvalidArgumentError(
+                f"the request has {requests} inputs, more than model {self.name!r}'s queue "
+                f"holds (max_queue_size {limit}); send fewer a request"
+            )
+        if len(self._queue) + requests > limit:
+            self._drop_dead()
+        if len(self._queue) + requests > limit:
+            self.stats.rejected += 1
+            raise ResourceExhaustedError(
+                f"the queue of model {self.name!r} has no room for {requests} more inputs "
+                f"({len(self._queue)} of {limit} waiting); retry later, or raise max_queue_size"
+            )
 
     async def submit(
         self, inputs: dict[str, np.ndarray], output_names: Sequence[str], deadline: float | None
@@ -256,19 +282,26 @@ class DynamicBatcher:
 
     def _cut_by_tokens(self, members: list[Pending]) -> tuple[list[Pending], bool]:
         """The oldest request and those closest to its length, while rows stay within
-        max_batch_size and rows x the longest length within max_batch_tokens; ready when
-        another queued request would not fit."""
+        max_batch_size, rows x the longest length within max_batch_tokens, and the padding
+        within PAD_SLACK of the tokens (work spent on padding is lost, and attention's grows
+        with the square of the length); ready when another queued request would not fit."""
         oldest = members[0]
         rows_limit, budget = self.settings.max_batch_size, self._tokens
         batch = [oldest]
-        rows, longest = oldest.size, oldest.length
+        rows, longest, tokens = oldest.size, oldest.length, oldest.size * oldest.length
         others = sorted(members[1:], key=lambda p: abs(p.length - oldest.length))
         for pending in others:
             grown = max(longest, pending.length)
-            if rows + pending.size > rows_limit or (rows + pending.size) * grown > budget:
+            padded = (rows + pending.size) * grown
+            real = tokens + pending.size * pending.length
+            if (
+                rows + pending.size > rows_limit
+                or padded > budget
+                or padded > real * (1 + PAD_SLACK) + PAD_ALLOWANCE
+            ):
                 return batch, True
             batch.append(pending)
-            rows, longest = rows + pending.size, grown
+            rows, longest, tokens = rows + pending.size, grown, real
         return batch, rows >= rows_limit or rows * longest >= budget
 
     def _take(self, key: tuple[object, ...], batch: list[Pending]) -> None:

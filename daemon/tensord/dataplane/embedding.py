@@ -46,33 +46,56 @@ def check_dimensions(dimensions: int, row: EmbeddingEntry, model: str) -> None:
         )
 
 
+_MARGIN_TOKENS = 16
+"""A text cut before tokenising keeps this many tokens more than the model takes, so that
+where the cut falls changes none of the tokens kept."""
+
+
 async def tokenise_texts(
     tokenizer: Tokenizer, texts: Sequence[str], row: EmbeddingEntry, truncate: bool
 ) -> list[list[int]]:
-    """Each text's ids, special tokens added, cut at max_seq_length (or INVALID_ARGUMENT
-    when not `truncate`); many or long texts on a worker thread (encode_batch lets the GIL
-    go while it works)."""
+    """Each text's ids as sentence-transformers' encode makes them (the prompt before it,
+    stripped, lowercased when the folder says so, special tokens added), cut at
+    max_seq_length, or INVALID_ARGUMENT when not `truncate`. A text of more characters than
+    the model's tokens could hold is cut before it is tokenised (with a margin: the tokens
+    kept are those of the whole text); many or long texts are tokenised on a worker thread
+    (encode_batch lets the GIL go while it works)."""
     total = 0
     for i, text in enumerate(texts):
         if not text:
             raise InvalidArgumentError(f"input {i} is an empty text")
         total += text_bytes(text, f"input {i}")
-    if row.prompt:
-        texts = [row.prompt + text for text in texts]
-    encodings: list[Encoding]
+    most = (row.max_seq_length + _MARGIN_TOKENS) * row.max_token_chars
     if total > INLINE_TOKENIZE_CHARS:
-        encodings = await asyncio.to_thread(tokenizer.encode_batch, list(texts))
-    else:
-        encodings = tokenizer.encode_batch(list(texts))
+        return await asyncio.to_thread(_encode, tokenizer, texts, row, truncate, most)
+    return _encode(tokenizer, texts, row, truncate, most)
+
+
+def _encode(
+    tokenizer: Tokenizer, texts: Sequence[str], row: EmbeddingEntry, truncate: bool, most: int
+) -> list[list[int]]:
+    whole = []
+    for text in texts:
+        text = (row.prompt + text).strip()
+        whole.append(text.lower() if row.lowercase else text)
+    encodings: list[Encoding] = tokenizer.encode_batch([text[:most] for text in whole])
     ids = []
     for i, encoding in enumerate(encodings):
-        if encoding.overflowing and not truncate:
-            raise InvalidArgumentError(
-                f"input {i} has more than {row.max_seq_length} tokens, the most the model takes; "
-                "shorten it, or ask for truncation"
-            )
+        if len(whole[i]) > most and not encoding.overflowing:
+            # Characters the tokenizer drops (runs of spaces, say) made the cut text short
+            # of the model's length: the whole text gives the tokens encode() would.
+            (encoding,) = tokenizer.encode_batch([whole[i]])
+        if not truncate and encoding.overflowing:
+            raise _too_long(i, row)
         ids.append(encoding.ids)
     return ids
+
+
+def _too_long(index: int, row: EmbeddingEntry) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"input {index} has more than {row.max_seq_length} tokens, the most the model takes; "
+        "shorten it, or ask for truncation"
+    )
 
 
 def check_token_ids(
@@ -104,16 +127,18 @@ def check_token_ids(
 def flatten(token_lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Every input's ids one after another (int64), and each input's length."""
     lengths = np.fromiter((len(ids) for ids in token_lists), np.int64, len(token_lists))
-    flat = np.fromiter((t for ids in token_lists for t in ids), np.int64, int(lengths.sum()))
+    # int32: every vocabulary is smaller, and the ids cross to the engine in half the bytes.
+    flat = np.fromiter((t for ids in token_lists for t in ids), np.int32, int(lengths.sum()))
     return flat, lengths
 
 
-def cut_dimensions(vectors: np.ndarray, dimensions: int) -> np.ndarray:
-    """The first `dimensions` values of each vector, scaled to unit length again (all of
-    them as they are when 0 or the full length)."""
+def cut_dimensions(vectors: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
+    """The first `dimensions` values of each vector (all of them when 0 or the full
+    length), scaled to unit length again when the model's vectors have it."""
     if not dimensions or dimensions >= vectors.shape[1]:
         return vectors
-    return normalized(np.ascontiguousarray(vectors[:, :dimensions]))
+    cut = np.ascontiguousarray(vectors[:, :dimensions])
+    return normalized(cut) if normalize else cut
 
 
 def embedding_row(entry: TableEntry, mv: EmbeddingVersion) -> TableEntry:
@@ -121,8 +146,9 @@ def embedding_row(entry: TableEntry, mv: EmbeddingVersion) -> TableEntry:
     spec = mv.spec
     assert spec is not None
     row = EmbeddingEntry(
-        spec.max_seq_length, spec.dimensions, spec.normalize, spec.vocab_size, spec.prompt
-    )
+        spec.max_seq_length, spec.dimensions, spec.normalize, spec.vocab_size, spec.prompt,
+        spec.lowercase, spec.max_token_chars,
+    )  # fmt: skip
     return dataclasses.replace(
         entry,
         inputs=tuple(mv.inputs),

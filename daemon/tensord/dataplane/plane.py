@@ -155,7 +155,8 @@ class DataPlane:
         if fresh.serial != entry.serial:
             tokens = await tokens_for(call, fresh, self.engine.tokenizer)
         result = await self.engine.embed(tokens)
-        result.vectors = cut_dimensions(result.vectors, call.dimensions)
+        normalized = fresh.embedding is not None and fresh.embedding.normalized
+        result.vectors = cut_dimensions(result.vectors, call.dimensions, normalized)
         return result
 
     # -- Generate ----------------------------------------------------------------------

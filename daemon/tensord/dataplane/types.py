@@ -327,6 +327,11 @@ class EmbeddingEntry:
     vocab_size: int
     prompt: str = ""
     """Put before every text."""
+    lowercase: bool = False
+    """Texts are lowercased before they are tokenised."""
+    max_token_chars: int = 1
+    """The most characters a token stands for: a text of more than max_seq_length x this
+    many has more tokens than the model takes, and is cut (or refused) before tokenising."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -98,6 +98,11 @@ class EmbeddingSpec:
     prompt: str = ""
     """Put before every text (config_sentence_transformers.json's default prompt)."""
     model_type: str = ""
+    lowercase: bool = False
+    """Texts are lowercased first (sentence_bert_config.json's do_lower_case)."""
+    max_token_chars: int = 1
+    """The most characters one token of the vocabulary stands for (a bound: a text of
+    n x this many characters has at least n tokens)."""
     tokenizer: Tokenizer | None = field(default=None, compare=False, repr=False)
     """The folder's tokenizer, truncating at max_seq_length (embedding_tokenizer)."""
 
@@ -149,6 +154,7 @@ def read_embedding_folder(
     if not tokenizer_path.is_file():
         raise ModelLoadError(f"{directory}: an embedding model needs {TOKENIZER_FILE}")
     tokenizer = load_tokenizer(tokenizer_path)
+    apply_special_tokens(tokenizer, directory)
     hf = JsonFile.read(directory / "config.json")
     modules = _read_modules(directory)
     graph = read_onnx(model_path).graph
@@ -172,6 +178,13 @@ def read_embedding_folder(
     model_type = hf.str_or_empty("model_type")
     prompt = _default_prompt(directory, modules)
     max_seq_length = _max_seq_length(directory, hf, model_type, config)
+    budget_set = "max_batch_tokens" in config.model_fields_set
+    if budget_set and max_seq_length > config.max_batch_tokens:
+        raise ModelLoadError(
+            f"{directory}: max_seq_length {max_seq_length} exceeds embedding.max_batch_tokens "
+            f"{config.max_batch_tokens}: raise max_batch_tokens in model.toml, or lower "
+            "embedding.max_seq_length"
+        )
     tokenizer.enable_truncation(max_seq_length)
     return EmbeddingSpec(
         directory=directory,
@@ -187,6 +200,9 @@ def read_embedding_folder(
         dimensions=_dimensions(outputs[output], len(pooling) or 1),
         prompt=prompt,
         model_type=model_type,
+        lowercase=JsonFile.read(directory / SBERT_CONFIG_FILE).bool_or_none("do_lower_case")
+        is True,
+        max_token_chars=longest_token(tokenizer),
         tokenizer=tokenizer,
     )
 
@@ -208,6 +224,9 @@ def _read_modules(directory: Path) -> list[tuple[str, str]]:
         kind, where = module.get("type"), module.get("path", "")
         if not isinstance(kind, str) or not isinstance(where, str):
             raise ModelLoadError(f"{path}: each module needs a type and a path, got {module}")
+        parts = PurePosixPath(where).parts
+        if where.startswith(("/", "\\")) or ".." in parts:
+            raise ModelLoadError(f"{path}: module path {where!r} leads outside the folder")
         modules.append((kind.removeprefix(_MODULE_PREFIX), where))
     return modules
 
@@ -296,6 +315,9 @@ def _default_prompt(directory: Path, modules: list[tuple[str, str]]) -> str:
 
 
 def _max_seq_length(directory: Path, hf: JsonFile, model_type: str, config: EmbeddingConfig) -> int:
+    """As sentence-transformers resolves it: sentence_bert_config.json's, else the least of
+    the model's positions and tokenizer_config.json's model_max_length; model.toml's over
+    both. More than the model's positions is refused (such a text could not run)."""
     positions = hf.int_or_none(("max_position_embeddings",))
     limit = None
     if positions is not None:
@@ -303,24 +325,25 @@ def _max_seq_length(directory: Path, hf: JsonFile, model_type: str, config: Embe
     if config.max_seq_length is not None:
         length = config.max_seq_length
     else:
-        sbert = JsonFile.read(directory / SBERT_CONFIG_FILE)
-        found = sbert.int_or_none(("max_seq_length",))
+        found = JsonFile.read(directory / SBERT_CONFIG_FILE).int_or_none(("max_seq_length",))
         if found is None:
             tok = JsonFile.read(directory / "tokenizer_config.json")
             value = tok.data.get("model_max_length")
-            if isinstance(value, int) and 0 < value < _MAX_SANE_LENGTH:
-                found = value
-        found = found or limit
+            sane = isinstance(value, int) and 0 < value < _MAX_SANE_LENGTH
+            candidates = [v for v in (positions, value if sane else None) if v is not None]
+            found = min(candidates) if candidates else None
+            if found is not None and limit is not None:
+                found = min(found, limit)
         if found is None:
             raise ModelLoadError(
                 f"{directory}: no max_seq_length (sentence_bert_config.json) and no "
                 "max_position_embeddings (config.json): set embedding.max_seq_length"
             )
-        length = found
+        length = int(found)
     if limit is not None and length > limit:
         raise ModelLoadError(
             f"{directory}: max_seq_length {length} exceeds the {limit} positions the model has "
-            f"(config.json max_position_embeddings {positions})"
+            f"(config.json max_position_embeddings {positions}): set embedding.max_seq_length"
         )
     return length
 
@@ -348,8 +371,61 @@ def _dimensions(output: Any, modes: int) -> int:
 
 def embedding_tokenizer(path: Path, max_seq_length: int) -> Tokenizer:
     """The folder's tokenizer as sentence-transformers' encode uses it: special tokens
-    added, texts truncated at max_seq_length (an encoding that lost tokens keeps them in
-    its `overflowing`), no padding."""
+    added as transformers adds them, texts truncated at max_seq_length (an encoding that
+    lost tokens keeps them in its `overflowing`), no padding."""
     tokenizer = load_tokenizer(path)
+    apply_special_tokens(tokenizer, path.parent)
     tokenizer.enable_truncation(max_seq_length)
     return tokenizer
+
+
+# transformers' fast tokenizers that rebuild tokenizer.json's post-processor when they load,
+# from tokenizer_config.json's add_bos_token and add_eos_token (these defaults when unset):
+# their update_post_processor.
+_REBUILT_POST_PROCESSORS = {
+    "LlamaTokenizer": (True, False),
+    "CodeLlamaTokenizer": (True, False),
+    "GemmaTokenizer": (True, False),
+    "CohereTokenizer": (True, False),
+    "GPTNeoXTokenizer": (False, False),
+}
+
+
+def apply_special_tokens(tokenizer: Tokenizer, directory: Path) -> None:
+    """For a tokenizer class that transformers rebuilds the post-processor of (Llama,
+    Gemma, ...), the same rebuild: BOS and EOS as tokenizer_config.json asks."""
+    from tokenizers import processors
+
+    config = JsonFile.read(directory / "tokenizer_config.json")
+    name = config.str_or_empty("tokenizer_class").removesuffix("Fast")
+    defaults = _REBUILT_POST_PROCESSORS.get(name)
+    if defaults is None:
+        return
+    add_bos = config.bool_or_none("add_bos_token")
+    add_eos = config.bool_or_none("add_eos_token")
+    add_bos = defaults[0] if add_bos is None else add_bos
+    add_eos = defaults[1] if add_eos is None else add_eos
+    special, single, pair = [], "$A:0", "$B:1"
+    for wanted, key in ((add_bos, "bos_token"), (add_eos, "eos_token")):
+        if not wanted:
+            continue
+        text = config.token_text(key)
+        token_id = None if text is None else tokenizer.token_to_id(text)
+        if text is None or token_id is None:
+            raise ModelLoadError(
+                f"{config.path}: add_{key} is true but {key} is not in the vocabulary"
+            )
+        special.append((text, token_id))
+        if key == "bos_token":
+            single, pair = f"{text}:0 {single}", f"{text}:1 {pair}"
+        else:
+            single, pair = f"{single} {text}:0", f"{pair} {text}:1"
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=single, pair=f"{single} {pair}", special_tokens=special
+    )
+
+
+def longest_token(tokenizer: Tokenizer) -> int:
+    """The most characters a token of the vocabulary holds (its string as the vocabulary
+    writes it, markers such as ## and byte-level stand-ins included: a bound)."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)

@@ -111,10 +111,17 @@ async def embed_each(
 ) -> list[RunResult]:
     """Each text's ids as one request of the batcher, which packs texts by length into
     runs; each text's vector (a [1, dimensions] output), in order."""
+    batcher.check_room(len(lengths))  # all of the call's texts queue, or none
     ends = np.cumsum(lengths)
     starts = ends - lengths
     runs = [
-        batcher.submit(token_feeds(spec, inputs, token_ids[a:b]), [POOLED], deadline)
+        asyncio.ensure_future(
+            batcher.submit(token_feeds(spec, inputs, token_ids[a:b]), [POOLED], deadline)
+        )
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
     ]
-    return list(await asyncio.gather(*runs))
+    try:
+        return list(await asyncio.gather(*runs))
+    finally:  # one text refused (its queue full, say): the others leave the queue too
+        for run in runs:
+            run.cancel()

@@ -31,22 +31,24 @@ class EmbeddingConfig(Settings):
 
     max_seq_length: int | None = Field(default=None, ge=1, le=INT32_MAX)
     """Tokens a text may have, special tokens included; longer texts are truncated or
-    refused as the request asks. Unset: sentence_bert_config.json's, else the model's
-    max_position_embeddings (less the offset of RoBERTa-like position ids)."""
+    refused as the request asks. Unset: sentence_bert_config.json's, else the least of
+    tokenizer_config.json's model_max_length and the model's max_position_embeddings."""
     pooling: PoolingMode | None = None
     """How token vectors become one vector; unset: 1_Pooling/config.json's modes."""
     normalize: bool | None = None
     """Scale each vector to unit length; unset: whether modules.json has a Normalize module."""
     max_batch_tokens: int = Field(default=DEFAULT_MAX_BATCH_TOKENS, ge=1, le=INT32_MAX)
     """Tokens one run may hold, padding included (texts x the longest of them): texts are
-    packed by length into runs up to this size."""
+    packed by length into runs up to this size. Unset, it grows to max_seq_length when
+    that is more."""
     max_batch_size: int = Field(default=DEFAULT_MAX_BATCH_SIZE, ge=1, le=INT32_MAX)
     """Texts one run may hold."""
     max_queue_delay_microseconds: int = Field(default=0, ge=0)
     """How long a forming run may wait for more texts after its oldest arrived; 0: a run
     starts as soon as the model is free, with every text queued meanwhile."""
     max_queue_size: int = Field(default=0, ge=0)
-    """Texts that may wait; beyond it RESOURCE_EXHAUSTED. 0 means unbounded."""
+    """Texts that may wait; a call whose texts do not all fit is RESOURCE_EXHAUSTED (more
+    texts than this in one call: INVALID_ARGUMENT). 0 means unbounded."""
 
     @model_validator(mode="after")
     def _check_budget(self) -> EmbeddingConfig:

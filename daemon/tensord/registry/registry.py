@@ -485,7 +485,8 @@ def _embedding_batcher(entry: EmbeddingVersion, executor: Executor) -> DynamicBa
         max_queue_delay_s=emb.max_queue_delay_microseconds / 1e6,
         max_queue_size=emb.max_queue_size,
         instances=entry.config.instances_on(executor.kind),
-        max_batch_tokens=emb.max_batch_tokens,
+        # Unset in model.toml, the budget grows to hold one text of the longest kind.
+        max_batch_tokens=max(emb.max_batch_tokens, entry.spec.max_seq_length),
         pad_values=((INPUT_IDS, entry.spec.pad_token_id),),
     )
     return DynamicBatcher(

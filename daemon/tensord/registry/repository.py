@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from tensord.errors import ModelLoadError
 from tensord.generate.model.genai_config import GENAI_CONFIG_FILE, builder_model_file
@@ -94,11 +94,14 @@ class VersionSource:
         """ "generator" or "predict"; the scan resolves a detected kind into the config."""
         return self.config.kind or "predict"
 
+    version_dir: Path | None = field(default=None, compare=False)
+    """The version's directory, when it exists (its model file may be in a subdirectory
+    of it: a sentence-transformers folder's onnx/model.onnx)."""
+
     @property
     def directory(self) -> Path:
-        """The version's directory (a generator's files sit beside its model file; an
-        embedding folder's model file may be onnx/model.onnx under it)."""
-        return self.path.parents[len(PurePosixPath(self.config.model_file).parts) - 1]
+        """The version's directory (a generator's files sit beside its model file)."""
+        return self.version_dir if self.version_dir is not None else self.path.parent
 
 
 @dataclass(slots=True)
@@ -161,8 +164,8 @@ def _scan_model(
     except OSError as exc:
         reason = f"{model_dir}: cannot read: {exc}"
         return [_whole_model_failure(model_dir, name, config, reason)]
-    if any(src.directory == model_dir for src in sources):
-        return sources  # served from the model's directory: its subdirectories are its own
+    if any(src.kind == "embedding" and src.directory == model_dir for src in sources):
+        return sources  # a folder served as it is: its subdirectories are its own modules
     served = {src.directory for src in sources} | {model_dir / str(s.version) for s in sources}
     with contextlib.suppress(OSError):  # what cannot be read, the versions' reasons say
         skipped += subdirectory_skips(model_dir, served, config.versions)
@@ -217,7 +220,16 @@ def _scan_versions(
         if not error and here.kind == "embedding":
             error = _embedding_problem(directory, model_dir, follow_symlinks)
         sources.append(
-            VersionSource(name, version, path, here, error, fingerprint(directory), model_dir)
+            VersionSource(
+                name,
+                version,
+                path,
+                here,
+                error,
+                fingerprint(directory),
+                model_dir,
+                version_dir=directory,
+            )
         )
     return sources
 
@@ -326,9 +338,15 @@ def _resolve_kind(config: ModelConfig, on_disk: dict[int, Path]) -> ModelConfig:
     if kind == "predict":
         return config.model_copy(update={"kind": kind})
     if kind == "embedding":
-        return config.model_copy(
-            update={"kind": kind, "embedding": config.embedding or EmbeddingConfig()}
-        )
+        update: dict[str, object] = {
+            "kind": kind,
+            "embedding": config.embedding or EmbeddingConfig(),
+        }
+        if "intra_op_threads" not in config.model_fields_set:
+            # One run at a time on every core: the padded batches of an encoder are the
+            # kind of work ONNX Runtime's threads share well (benchmarks/README.md).
+            update["intra_op_threads"] = 0
+        return config.model_copy(update=update)
     return config.model_copy(
         update={"kind": kind, "generator": config.generator or GeneratorConfig()}
     )

@@ -124,3 +124,27 @@ def test_the_registry_logs_each_skipped_entry(tmp_path: Path) -> None:
         },
     ]
     assert registry.names() == []
+
+
+def test_a_deep_model_file_without_files_fails_that_model_alone(tmp_path: Path) -> None:
+    """A model.toml naming a model file deep in subdirectories, none of them there: that
+    model fails with its reason; the scan goes on."""
+    from tensord.registry.repository import read_repository
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.toml").write_text('model_file = "a/b/c/d/e/f/g/model.onnx"\n')
+    (source,) = read_repository(tmp_path).sources
+    assert source.error and "model.onnx" in source.error
+
+
+def test_a_model_served_from_its_directory_still_names_stray_subdirectories(
+    tmp_path: Path,
+) -> None:
+    from tensord.registry.repository import read_repository
+
+    flat = tmp_path / "flat"
+    (flat / "latest").mkdir(parents=True)
+    (flat / "model.onnx").write_bytes(b"x")
+    (flat / "latest" / "model.onnx").write_bytes(b"x")
+    scan = read_repository(tmp_path)
+    assert [s.path.name for s in scan.skipped if s.notable] == ["latest"]

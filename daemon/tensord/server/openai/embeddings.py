@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tensord.dataplane import MAX_EMBED_INPUTS, EmbedCall, EmbedResult
+from tensord.errors import ResourceExhaustedError
 from tensord.server.openai.requests import RequestError
 
 _FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "truncate"})
@@ -93,28 +94,38 @@ def _token_list(value: Any, where: str) -> list[int]:
     return value
 
 
+MAX_REPLY_BYTES = 256 * 1024 * 1024
+"""The largest answer rendered (about: a float takes up to 16 characters of JSON)."""
+
+
 def embed_response(result: EmbedResult, encoding: str, model: str) -> bytes:
-    """The answer's JSON body: one entry a vector, in order, and the tokens they took."""
+    """The answer's JSON body: one entry a vector, in order, and the tokens they took.
+    Rendered a row at a time (json.dumps holds the GIL for all it is given: on a worker
+    thread, the event loop gets its turns between rows)."""
     vectors = result.vectors
-    data: list[dict[str, Any]] = []
+    size = response_bytes(vectors, encoding)
+    if size > MAX_REPLY_BYTES:
+        raise ResourceExhaustedError(
+            f"the answer would take about {size >> 20} MiB, more than {MAX_REPLY_BYTES >> 20} "
+            "MiB: send fewer inputs a request, ask for fewer dimensions, or for base64"
+        )
+    parts = []
     if encoding == "base64":
-        little = vectors.astype("<f4", copy=False)
-        for i, row in enumerate(little):
+        for i, row in enumerate(vectors.astype("<f4", copy=False)):
             text = base64.b64encode(row.tobytes()).decode("ascii")
-            data.append({"object": "embedding", "index": i, "embedding": text})
+            parts.append(f'{{"object":"embedding","index":{i},"embedding":"{text}"}}')
     else:
-        for i, row in enumerate(vectors.tolist()):
-            data.append({"object": "embedding", "index": i, "embedding": row})
+        for i, row in enumerate(vectors):
+            values = json.dumps(row.tolist(), separators=(",", ":"))
+            parts.append(f'{{"object":"embedding","index":{i},"embedding":{values}}}')
     tokens = result.prompt_tokens
-    body = {
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
-    return json.dumps(body, separators=(",", ":")).encode()
+    tail = json.dumps(
+        {"model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+        separators=(",", ":"),
+    )
+    return f'{{"object":"list","data":[{",".join(parts)}],{tail[1:]}'.encode()
 
 
-def response_bytes(vectors: np.ndarray) -> int:
-    """About the bytes of a float answer (a worker thread renders a large one)."""
-    return int(vectors.size) * 12
+def response_bytes(vectors: np.ndarray, encoding: str = "float") -> int:
+    """About the bytes of an answer (a worker thread renders a large one)."""
+    return int(vectors.size) * (6 if encoding == "base64" else 16)

@@ -267,7 +267,7 @@ class OpenAIRoutes:
             call.status = 499
             self.finished(call, grpc.StatusCode.CANCELLED)
             return Gone(status_code=499)
-        if response_bytes(result.vectors) > _INLINE_BODY_BYTES:
+        if response_bytes(result.vectors, encoding) > _INLINE_BODY_BYTES:
             content = await asyncio.to_thread(embed_response, result, encoding, embed.model)
         else:
             content = embed_response(result, encoding, embed.model)

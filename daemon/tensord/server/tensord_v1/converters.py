@@ -53,14 +53,17 @@ def predict_response(result: PredictResult, contents: bool, total_us: int) -> pb
     return response
 
 
-def embed_call(request: pb.EmbedRequest, time_remaining: float | None) -> EmbedCall:
-    """Decode an EmbedRequest (truncation on unless `truncate` is set false)."""
+def embed_call(
+    request: pb.EmbedRequest, time_remaining: float | None, most_ids: int = 0
+) -> EmbedCall:
+    """Decode an EmbedRequest (truncation on unless `truncate` is set false); token-id
+    inputs keep at most `most_ids` ids each (0: all), which is all a check needs."""
     deadline = None if time_remaining is None else time.monotonic() + time_remaining
     return EmbedCall(
         request.model,
         request.version,
         list(request.texts),
-        [list(t.ids) for t in request.token_ids],
+        [list(t.ids[:most_ids] if most_ids else t.ids) for t in request.token_ids],
         truncate=request.truncate if request.HasField("truncate") else True,
         dimensions=request.dimensions,
         deadline=deadline,
@@ -73,8 +76,8 @@ def embed_response(result: EmbedResult, total_us: int) -> pb.EmbedResponse:
         model=result.model, version=result.version, prompt_tokens=result.prompt_tokens
     )
     embeddings = response.embeddings
-    for vector in result.vectors.tolist():
-        embeddings.add().values.extend(vector)
+    for vector in result.vectors:  # row by row: the loop thread gets its turns
+        embeddings.add().values.extend(vector.tolist())
     timing = response.timing
     timing.queue_us = int(result.queue_s * 1e6)
     timing.compute_us = int(result.compute_s * 1e6)

@@ -14,6 +14,7 @@ import structlog
 from tensord.access import check_model
 from tensord.config_tables import LimitsSettings
 from tensord.dataplane import EMBEDDING, GENERATOR, PREDICT, DataPlane, TableEntry
+from tensord.errors import ResourceExhaustedError
 from tensord.observability.observer import RequestObserver
 from tensord.server.kit.intake import Intake
 from tensord.server.kit.look import Look
@@ -115,8 +116,18 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request: pb.EmbedRequest, context: Ctx, rid: str, target: Any
     ) -> pb.EmbedResponse:
         start = time.perf_counter()
-        call = converters.embed_call(request, context.time_remaining())
+        # One id past the model's length tells a text too long; more are never looked at.
+        row = target.embedding if target is not None else None
+        most_ids = row.max_seq_length + 1 if row is not None else 0
+        call = converters.embed_call(request, context.time_remaining(), most_ids)
         result = await self._dataplane.embed(call, target)
+        size = result.vectors.nbytes + 8 * len(result.vectors) + 256
+        if self.max_send_message_bytes and size > self.max_send_message_bytes:
+            raise ResourceExhaustedError(
+                f"the reply would take about {size} bytes, more than [server] "
+                f"max_send_message_bytes ({self.max_send_message_bytes}); send fewer texts a "
+                "request, or ask for fewer dimensions"
+            )
         total_us = int((time.perf_counter() - start) * 1e6)
         if result.vectors.size > 65536:  # building the reply takes milliseconds
             return await asyncio.to_thread(converters.embed_response, result, total_us)
