@@ -27,6 +27,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from tensord.backends.onnx_file import graph_output_names, read_onnx
+from tensord.embedding.tokenizer import apply_special_tokens, longest_token
 from tensord.errors import ModelLoadError
 from tensord.files import read_regular_file
 from tensord.generate.model.hf_config import MAX_JSON_BYTES, JsonFile
@@ -163,18 +164,7 @@ def read_embedding_folder(
     outputs = {o.name: o for o in graph.output}
     _check_inputs(model_path, inputs)
     output = _served_output(model_path, outputs, modules)
-    graph_pools = output == POOLED_OUTPUT
-    pooling: tuple[PoolingMode, ...] = ()
-    normalize = any(kind == _NORMALIZE for kind, _ in modules)
-    if not graph_pools:
-        pooling = (config.pooling,) if config.pooling else _pooling_modes(directory, modules)
-        if config.normalize is not None:
-            normalize = config.normalize
-    elif config.pooling is not None:
-        raise ModelLoadError(
-            f"{model_path}: the graph pools ({POOLED_OUTPUT!r}); embedding.pooling applies to "
-            f"a model that outputs {' or '.join(TOKEN_OUTPUTS)}"
-        )
+    pooling, normalize = _pooling(directory, model_path, output, modules, config)
     model_type = hf.str_or_empty("model_type")
     prompt = _default_prompt(directory, modules)
     max_seq_length = _max_seq_length(directory, hf, model_type, config)
@@ -205,6 +195,26 @@ def read_embedding_folder(
         max_token_chars=longest_token(tokenizer),
         tokenizer=tokenizer,
     )
+
+
+def _pooling(
+    directory: Path,
+    model_path: Path,
+    output: str,
+    modules: list[tuple[str, str]],
+    config: EmbeddingConfig,
+) -> tuple[tuple[PoolingMode, ...], bool]:
+    """The pooling modes (none when the graph pools) and whether vectors are normalised."""
+    normalize = any(kind == _NORMALIZE for kind, _ in modules)
+    if output == POOLED_OUTPUT:
+        if config.pooling is not None:
+            raise ModelLoadError(
+                f"{model_path}: the graph pools ({POOLED_OUTPUT!r}); embedding.pooling "
+                f"applies to a model that outputs {' or '.join(TOKEN_OUTPUTS)}"
+            )
+        return (), normalize
+    pooling = (config.pooling,) if config.pooling else _pooling_modes(directory, modules)
+    return pooling, normalize if config.normalize is None else config.normalize
 
 
 def _read_modules(directory: Path) -> list[tuple[str, str]]:
@@ -367,65 +377,3 @@ def _dimensions(output: Any, modes: int) -> int:
     if not dims or not dims[-1].HasField("dim_value"):
         return 0
     return int(dims[-1].dim_value) * modes
-
-
-def embedding_tokenizer(path: Path, max_seq_length: int) -> Tokenizer:
-    """The folder's tokenizer as sentence-transformers' encode uses it: special tokens
-    added as transformers adds them, texts truncated at max_seq_length (an encoding that
-    lost tokens keeps them in its `overflowing`), no padding."""
-    tokenizer = load_tokenizer(path)
-    apply_special_tokens(tokenizer, path.parent)
-    tokenizer.enable_truncation(max_seq_length)
-    return tokenizer
-
-
-# transformers' fast tokenizers that rebuild tokenizer.json's post-processor when they load,
-# from tokenizer_config.json's add_bos_token and add_eos_token (these defaults when unset):
-# their update_post_processor.
-_REBUILT_POST_PROCESSORS = {
-    "LlamaTokenizer": (True, False),
-    "CodeLlamaTokenizer": (True, False),
-    "GemmaTokenizer": (True, False),
-    "CohereTokenizer": (True, False),
-    "GPTNeoXTokenizer": (False, False),
-}
-
-
-def apply_special_tokens(tokenizer: Tokenizer, directory: Path) -> None:
-    """For a tokenizer class that transformers rebuilds the post-processor of (Llama,
-    Gemma, ...), the same rebuild: BOS and EOS as tokenizer_config.json asks."""
-    from tokenizers import processors
-
-    config = JsonFile.read(directory / "tokenizer_config.json")
-    name = config.str_or_empty("tokenizer_class").removesuffix("Fast")
-    defaults = _REBUILT_POST_PROCESSORS.get(name)
-    if defaults is None:
-        return
-    add_bos = config.bool_or_none("add_bos_token")
-    add_eos = config.bool_or_none("add_eos_token")
-    add_bos = defaults[0] if add_bos is None else add_bos
-    add_eos = defaults[1] if add_eos is None else add_eos
-    special, single, pair = [], "$A:0", "$B:1"
-    for wanted, key in ((add_bos, "bos_token"), (add_eos, "eos_token")):
-        if not wanted:
-            continue
-        text = config.token_text(key)
-        token_id = None if text is None else tokenizer.token_to_id(text)
-        if text is None or token_id is None:
-            raise ModelLoadError(
-                f"{config.path}: add_{key} is true but {key} is not in the vocabulary"
-            )
-        special.append((text, token_id))
-        if key == "bos_token":
-            single, pair = f"{text}:0 {single}", f"{text}:1 {pair}"
-        else:
-            single, pair = f"{single} {text}:0", f"{pair} {text}:1"
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=single, pair=f"{single} {pair}", special_tokens=special
-    )
-
-
-def longest_token(tokenizer: Tokenizer) -> int:
-    """The most characters a token of the vocabulary holds (its string as the vocabulary
-    writes it, markers such as ## and byte-level stand-ins included: a bound)."""
-    return max((len(token) for token in tokenizer.get_vocab()), default=1)

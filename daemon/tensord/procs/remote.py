@@ -35,7 +35,7 @@ from tensord.dataplane import (
     ServerInfo,
     TableEntry,
 )
-from tensord.embedding.folder import embedding_tokenizer
+from tensord.embedding.tokenizer import embedding_tokenizer
 from tensord.errors import (
     DeviceLostError,
     InternalError,

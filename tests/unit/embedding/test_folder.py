@@ -139,7 +139,7 @@ def test_llama_class_tokenizers_get_transformers_special_tokens(tmp_path: Path) 
     transformers = require_module("transformers", "make setup (the export extra)")
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from tensord.embedding.folder import embedding_tokenizer
+    from tensord.embedding.tokenizer import embedding_tokenizer
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
