@@ -26,7 +26,7 @@ help:
 	@echo "make genai-venv the pinned onnxruntime-genai venv (build/genai-venv) and the tests' model builder folders"
 	@echo "make proto      regenerate the Python stubs from protos/ (tensord.v1, and KServe v2)"
 	@echo "make dist       wheels and sdists of tensord-client and tensord in dist/"
-	@echo "make bench      run the Predict (batching off, then on), frontend processes and Generate benchmarks (demo model, then a Llama as a model-builder folder and as an Optimum export, against onnxruntime-genai) and the soak run (writes benchmarks/results/)"
+	@echo "make bench      run the Predict (batching off, then on), frontend processes and Generate benchmarks (demo model, then a Llama as a model-builder folder and as an Optimum export, against onnxruntime-genai), structured output, embeddings and the soak run (writes benchmarks/results/)"
 	@echo "make bench-soak run the soak run alone (SOAK_ARGS=\"--minutes 30\")"
 	@echo "make bench-fuzz fuzz the daemon for FUZZ_SECONDS (600; make test fuzzes 30 s)"
 	@echo "make bench-gpu  run the kernel and CUDA executor benchmarks (need a GPU)"

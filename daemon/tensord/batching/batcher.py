@@ -34,8 +34,8 @@ from tensord.executor.deadlines import Queued
 
 log = structlog.get_logger("tensord.batching")
 
-PAD_SLACK = 0.25
-PAD_ALLOWANCE = 256
+PAD_SLACK = 0.05
+PAD_ALLOWANCE = 32
 """With a token budget, a request joins a batch only while its padding stays within this
 share of its tokens plus this many: texts of very different lengths run apart."""
 

@@ -52,8 +52,7 @@ def model_snapshot(mv: ModelVersion) -> ModelSnapshot:
         snapshot.requested_providers = list(mv.placement.requested_providers)
     match mv:
         case EmbeddingVersion(spec=spec) if spec is not None:
-            _add_predict(snapshot, mv)
-            snapshot.dynamic_batching = None
+            _add_predict(snapshot, mv)  # its batcher's counters too: texts, runs
             emb = mv.config.embedding
             snapshot.embedding = EmbeddingSnapshot(
                 spec.max_seq_length,
@@ -81,14 +80,14 @@ def _add_predict(snapshot: ModelSnapshot, mv: PredictVersion) -> None:
             snapshot.postprocess = report
         else:
             snapshot.preprocess = report
-    batching = mv.config.dynamic_batching
+    batching = mv.config.dynamic_batching or mv.config.embedding
     if batching is None:
         return
     shown = BatchingSnapshot(
-        preferred_batch_size=list(batching.preferred_batch_size),
+        preferred_batch_size=list(getattr(batching, "preferred_batch_size", [])),
         max_queue_delay_microseconds=batching.max_queue_delay_microseconds,
         max_queue_size=batching.max_queue_size,
-        default_timeout_microseconds=batching.default_timeout_microseconds,
+        default_timeout_microseconds=getattr(batching, "default_timeout_microseconds", 0),
     )
     if mv.batcher is not None:
         s = mv.batcher.stats
