@@ -107,6 +107,8 @@ def check_version(src: VersionSource) -> VersionCheck:
             raise ModelLoadError(src.error)
         if src.kind == "generator":
             _check_generator(src, found)
+        elif src.kind == "embedding":
+            _check_embedding(src, found)
         else:
             _check_predict(src, found)
     except ModelLoadError as exc:
@@ -163,6 +165,19 @@ def _check_predict(src: VersionSource, found: VersionCheck) -> None:
     found.outputs = [_line(s, dims.get(s.name)) for s in outputs]
     if config.backend == "tensorrt":
         found.notes.append("a native TensorRT engine is built from it at load (not checked here)")
+
+
+def _check_embedding(src: VersionSource, found: VersionCheck) -> None:
+    from tensord.embedding.folder import read_embedding_folder
+    from tensord.registry.registry import embedding_signature
+
+    read_graph(src.path)
+    model_file = src.path.relative_to(src.directory).as_posix()
+    spec = read_embedding_folder(src.directory, model_file, src.config.embedding)
+    inputs, outputs = embedding_signature(spec.dimensions)
+    found.inputs = [_line(s, None) for s in inputs]
+    found.outputs = [_line(s, None) for s in outputs]
+    found.notes.append(f"an embedding model: {spec.describe()}")
 
 
 def _check_generator(src: VersionSource, found: VersionCheck) -> None:

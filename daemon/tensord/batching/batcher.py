@@ -289,7 +289,10 @@ class DynamicBatcher:
         rows_limit, budget = self.settings.max_batch_size, self._tokens
         batch = [oldest]
         rows, longest, tokens = oldest.size, oldest.length, oldest.size * oldest.length
-        others = sorted(members[1:], key=lambda p: abs(p.length - oldest.length))
+        # The next oldest few are the candidates: a queue of thousands of texts is not
+        # sorted whole for every run.
+        window = members[1 : 1 + 4 * rows_limit]
+        others = sorted(window, key=lambda p: abs(p.length - oldest.length))
         for pending in others:
             grown = max(longest, pending.length)
             padded = (rows + pending.size) * grown

@@ -21,6 +21,8 @@ POOLING_MODES: tuple[PoolingMode, ...] = (
 
 DEFAULT_MAX_BATCH_TOKENS = 16384
 DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_QUEUE_SIZE = 8192
+"""Four calls of 2,048 texts: forming a run looks at the queue, which stays short enough."""
 
 
 class EmbeddingConfig(Settings):
@@ -46,7 +48,7 @@ class EmbeddingConfig(Settings):
     max_queue_delay_microseconds: int = Field(default=0, ge=0)
     """How long a forming run may wait for more texts after its oldest arrived; 0: a run
     starts as soon as the model is free, with every text queued meanwhile."""
-    max_queue_size: int = Field(default=0, ge=0)
+    max_queue_size: int = Field(default=DEFAULT_MAX_QUEUE_SIZE, ge=0)
     """Texts that may wait; a call whose texts do not all fit is RESOURCE_EXHAUSTED (more
     texts than this in one call: INVALID_ARGUMENT). 0 means unbounded."""
 

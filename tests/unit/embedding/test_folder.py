@@ -152,3 +152,15 @@ def test_llama_class_tokenizers_get_transformers_special_tokens(tmp_path: Path) 
     reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     ours = embedding_tokenizer(tmp_path / "tokenizer.json", 16)
     assert ours.encode("hello world").ids == reference("hello world")["input_ids"] == [1, 3, 4, 2]
+
+
+def test_check_config_describes_the_folder(built: dict[str, Path], tmp_path: Path) -> None:
+    from tensord.repository_check import check_repository
+
+    shutil.copytree(built["hub"], tmp_path / "minilm")
+    (model,) = check_repository(tmp_path).models
+    (version,) = model.versions
+    assert (model.kind, version.problem) == ("embedding", "")
+    assert [(t.name, t.dtype) for t in version.inputs] == [("text", "string")]
+    assert [(t.name, t.dtype) for t in version.outputs] == [("embedding", "float32")]
+    assert "mean pooling" in version.notes[0]
