@@ -44,6 +44,7 @@ from tensord.devices import probe_cpu, probe_gpus
 from tensord.embedding.loader import embed_each
 from tensord.errors import DeviceLostError, NotFoundError, UnavailableError
 from tensord.eventloop import running_loop_name
+from tensord.executor.base import RunResult
 from tensord.executor.split import run_splitting_on_oom
 from tensord.generate.engine.engine import GenerationEngine
 from tensord.generate.engine.streams import OutputSink
@@ -75,6 +76,14 @@ def _count(stats: RequestStats, start: float, ok: bool) -> None:
         stats.failed += 1
         stats.failed_s += elapsed
     stats.last_ms = time.time_ns() // 1_000_000
+
+
+def _succeeded(stats: RequestStats, start: float, rows: int, result: RunResult) -> None:
+    """A predict (or embed) request ran: its rows and where its time went."""
+    _count(stats, start, ok=True)
+    stats.rows += rows
+    stats.queue_s += result.queue_s
+    stats.compute_s += result.compute_s
 
 
 class LocalEngine:
@@ -178,15 +187,9 @@ class LocalEngine:
                 else:  # dimension 0 is not a batch: its rows may not be run apart
                     result = await executor.run([inputs], names, call.deadline)
             except BaseException as exc:
-                _count(entry.requests, start, ok=False)
-                if isinstance(exc, DeviceLostError):
-                    self.on_device_lost(exc)
+                self._failed(entry, start, exc)
                 raise
-        stats = entry.requests
-        _count(stats, start, ok=True)
-        stats.rows += rows
-        stats.queue_s += result.queue_s
-        stats.compute_s += result.compute_s
+        _succeeded(entry.requests, start, rows, result)
         return PredictResult(
             entry.name,
             entry.version,
@@ -278,21 +281,21 @@ class LocalEngine:
                     call.deadline,
                 )  # fmt: skip
             except BaseException as exc:
-                _count(entry.requests, start, ok=False)
-                if isinstance(exc, DeviceLostError):
-                    self.on_device_lost(exc)
+                self._failed(entry, start, exc)
                 raise
-        stats = entry.requests
-        _count(stats, start, ok=True)
-        stats.rows += len(results)
-        queue_s = max(r.queue_s for r in results)
-        compute_s = max(r.compute_s for r in results)
-        stats.queue_s += queue_s
-        stats.compute_s += compute_s
         vectors = np.concatenate([r.outputs[0] for r in results])
+        slowest = RunResult([], max(r.queue_s for r in results), max(r.compute_s for r in results))
+        _succeeded(entry.requests, start, len(results), slowest)
+        tokens = int(call.lengths.sum())
         return EmbedResult(
-            entry.name, entry.version, vectors, int(call.lengths.sum()), queue_s, compute_s
+            entry.name, entry.version, vectors, tokens, slowest.queue_s, slowest.compute_s
         )
+
+    def _failed(self, entry: PredictVersion, start: float, exc: BaseException) -> None:
+        """A predict (or embed) request failed: counted; a lost device reported."""
+        _count(entry.requests, start, ok=False)
+        if isinstance(exc, DeviceLostError):
+            self.on_device_lost(exc)
 
     # -- what the server shows ---------------------------------------------------------
 
