@@ -25,6 +25,7 @@ from tensord.errors import (
     UnavailableError,
 )
 from tensord.executor.base import Executor
+from tensord.executor.cpu import CpuExecutor
 from tensord.executor.select import build_executor, build_tensorrt_executor
 from tensord.executor.split import run_splitting_on_oom
 from tensord.modelconfig.model import ModelConfig
@@ -274,17 +275,12 @@ class ModelRegistry:
         directory = entry.path.parents[len(Path(config.model_file).parts) - 1]
         spec = read_embedding_folder(directory, config.model_file, config.embedding)
 
-        def make(where: DeviceOptions) -> Backend:
-            return embedding_backend(self._factory(entry.path, config, where), spec)
-
-        backend = make(self._where)
-        try:
-            executor, backend = build_executor(
-                entry.name, backend, make, config.instances_on, self._where
-            )
-        except BaseException:
-            backend.close()
-            raise
+        backend = embedding_backend(self._factory(entry.path, config, self._where), spec)
+        # Host arrays on every provider: the pooling runs on them (NumPy), and a GPU
+        # provider's session copies a run's inputs in and its outputs out itself.
+        provider = backend.placement.provider
+        reason = f"the model runs on {provider}; its texts are padded and pooled on the host"
+        executor = CpuExecutor(entry.name, backend, config.instances_on("cpu"), reason)
         try:
             entry.token_inputs = list(backend.inputs)
             spec = warm_up_embedding(executor, spec, entry.token_inputs)
