@@ -145,7 +145,7 @@ FRONTENDS_TIER = tests/grpc/test_predict.py tests/grpc/test_health_info.py \
 	tests/grpc/test_reflection.py tests/grpc/test_auth.py tests/grpc/test_limits.py \
 	tests/grpc/test_intake.py tests/grpc/test_client_api.py tests/grpc/test_readiness.py \
 	tests/grpc/test_builder_folders.py tests/grpc/test_structured_output.py \
-	tests/grpc/test_embeddings.py \
+	tests/grpc/test_embeddings.py tests/grpc/test_model_control.py \
 	tests/e2e/test_fuzz.py
 
 # onnxruntime-genai's model builder needs transformers >= 5, which tensord's venv cannot

@@ -26,6 +26,8 @@ class Principal:
 
     name: str
     models: frozenset[str]
+    model_control: bool = False
+    """The token may load and unload models (model_control = "explicit")."""
 
     def may_use(self, model: str) -> bool:
         """True when the allow-list names the model or holds `*`."""
@@ -38,6 +40,18 @@ authentication is on: it may use no model and learns no model's name."""
 
 current_principal: ContextVar[Principal | None] = ContextVar("tensord_principal", default=None)
 """The caller of the RPC running in this context; None when authentication is off."""
+
+
+def check_model_control() -> None:
+    """PERMISSION_DENIED unless the current caller may load and unload models: always with
+    authentication off, else when its token has `model_control = true`."""
+    principal = current_principal.get()
+    if principal is not None and not principal.model_control:
+        name = principal.name or "a caller without a token"
+        raise PermissionDeniedError(
+            f"{name!r} may not load or unload models: its token needs model_control = true in "
+            "the token file"
+        )
 
 
 def may_see(model: str) -> bool:

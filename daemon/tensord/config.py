@@ -125,6 +125,15 @@ class ServerSettings(Settings):
     cores. x86-64 only (the rings between the processes rely on its memory ordering):
     elsewhere `auto` means 0 and a number above 0 is refused. Changing it needs a
     restart."""
+    model_control: Literal["none", "explicit"] = "none"
+    """How models come and go. `none`: every model of the repository loads at start, and a
+    reload (SIGHUP) scans the repository again. `explicit`: only the models in
+    `load_models` load at start; the others load and unload when a client asks (KServe's
+    RepositoryModelLoad and RepositoryModelUnload, which tritonclient's load_model and
+    unload_model send, with a token allowed `model_control`), and a reload scans again only
+    the models loaded. Changing it needs a restart."""
+    load_models: list[str] = Field(default_factory=list)
+    """With model_control = "explicit": the models loaded at start (`*`: every one)."""
     ready_when: ReadyWhen = "any_model"
     """When health (`grpc.health.v1` and InferenceService/Health) says SERVING once the models
     have loaded. `any_model`: while at least one model has a READY version and so does every

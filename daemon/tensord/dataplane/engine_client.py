@@ -31,6 +31,20 @@ from tensord.dataplane.types import (
 from tensord.errors import DeviceLostError
 from tensord.generate.engine.streams import OutputSink
 from tensord.registry.changes import RepositoryChanges
+from tensord.registry.registry import IndexEntry
+
+
+class RepositoryControl(Protocol):
+    """Loading and unloading the repository's models where they run (the registry)."""
+
+    async def load_model(self, name: str) -> RepositoryChanges:
+        """Load (or load again) one model of the repository (model_control = "explicit")."""
+
+    async def unload_model(self, name: str) -> bool:
+        """Unload one model once its calls end; False when it was not loaded."""
+
+    async def repository_index(self) -> list[IndexEntry]:
+        """Every model of the repository and every version served, with its state."""
 
 
 class EngineClient(Protocol):
@@ -40,6 +54,10 @@ class EngineClient(Protocol):
     """Called on the event loop whenever `table` changes."""
     on_device_lost: Callable[[DeviceLostError], None]
     """Called when a run or a load meets a sticky device error in this process."""
+
+    @property
+    def control(self) -> RepositoryControl:
+        """Model control: the registry, or the engine process's over the control queries."""
 
     @property
     def table(self) -> ModelTable:

@@ -100,6 +100,7 @@ class LocalEngine:
         self.on_table: Callable[[], None] = lambda: None
         self.on_device_lost: Callable[[DeviceLostError], None] = lambda exc: None
         registry.on_device_lost = lambda exc: self.on_device_lost(exc)
+        self.control = registry
         self._table = ModelTable(False, Readiness(False, "the models are loading"))
         self._generations: dict[str, GenerationEngine] = {}
         """Each live request's engine, by request id."""
@@ -120,6 +121,7 @@ class LocalEngine:
         registry = ModelRegistry(
             config.model_repository, backend_factory, lambda: engine.models_changed(), where
         )
+        registry.set_model_control(config.server.model_control, config.server.load_models)
         engine = cls(registry)
         engine.apply(config)
         return engine
@@ -286,10 +288,8 @@ class LocalEngine:
         vectors = np.concatenate([r.outputs[0] for r in results])
         slowest = RunResult([], max(r.queue_s for r in results), max(r.compute_s for r in results))
         _succeeded(entry.requests, start, len(results), slowest)
-        tokens = int(call.lengths.sum())
-        return EmbedResult(
-            entry.name, entry.version, vectors, tokens, slowest.queue_s, slowest.compute_s
-        )
+        tokens, queue_s, compute_s = int(call.lengths.sum()), slowest.queue_s, slowest.compute_s
+        return EmbedResult(entry.name, entry.version, vectors, tokens, queue_s, compute_s)
 
     def _failed(self, entry: PredictVersion, start: float, exc: BaseException) -> None:
         """A predict (or embed) request failed: counted; a lost device reported."""

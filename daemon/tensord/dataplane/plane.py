@@ -25,6 +25,7 @@ from tensord.access import check_model, may_see, redact_paths, sees_server_paths
 from tensord.config import ReadyWhen, TensordConfig
 from tensord.dataplane.admission import GenerateFields, GeneratorEntry, admit, text_bytes
 from tensord.dataplane.chat import render_chat
+from tensord.dataplane.control import ModelControl
 from tensord.dataplane.embedding import cut_dimensions, texts_of, tokens_for
 from tensord.dataplane.engine_client import EngineClient
 from tensord.dataplane.kinds import EMBEDDING, GENERATOR, PREDICT, Kind, check_kind
@@ -85,6 +86,8 @@ class DataPlane:
         self.on_models_changed: Callable[[], None] = lambda: None
         """Called when the model table changes (the server re-publishes health)."""
         engine.on_table = lambda: self.on_models_changed()
+        self.control = ModelControl(engine, self._shown_reason)
+        """Loading and unloading models on request (model_control = "explicit")."""
         self.streams = OutputStreams(engine.stop_generations, engine.abort_generation)
         """Every Generate stream of this process, fed by the engine's outputs."""
         self._timings: dict[str, TokenTimings] = {}

@@ -30,7 +30,7 @@ from tensord.generate.engine.engine import EngineStats
 from tensord.generate.model.hf_config import ChatTemplate
 from tensord.processing.host import ProcessingReport
 from tensord.registry.readiness import Readiness
-from tensord.registry.registry import not_found, pick_version
+from tensord.registry.registry import IndexEntry, not_found, pick_version
 from tensord.registry.version import ModelState, RequestStats
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "GenerateCall",
     "GeneratorSnapshot",
     "HealthReport",
+    "IndexEntry",
     "KVCacheStats",
     "ModelHealth",
     "ModelSnapshot",

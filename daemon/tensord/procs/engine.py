@@ -41,6 +41,8 @@ MAX_BACKLOG = 4096
 """Messages waiting for room in a frontend's reply ring before its link is dropped."""
 QUERIES = frozenset({"info", "snapshots"})
 """The LocalEngine methods a frontend may ask for by name (coroutines)."""
+CONTROL_QUERIES = frozenset({"load_model", "unload_model", "repository_index"})
+"""Its model control's methods (the registry's), asked for the same way."""
 
 
 class FrontendLink:
@@ -199,9 +201,11 @@ class FrontendLink:
         self.call_ids[request_id] = call_id
 
     async def _query(self, call_id: int, method: str, args: tuple[Any, ...]) -> None:
-        if method not in QUERIES:
+        if method not in QUERIES | CONTROL_QUERIES:
             raise ValueError(f"no engine query {method!r}")
-        function: Callable[..., Awaitable[Any]] = getattr(self.host.engine, method)
+        engine = self.host.engine
+        target = engine.control if method in CONTROL_QUERIES else engine
+        function: Callable[..., Awaitable[Any]] = getattr(target, method)
         self.post(messages.ok(call_id, await function(*args)))
 
     # -- OutputSink: the outputs of this frontend's generations --------------------------

@@ -26,6 +26,7 @@ from tensord.dataplane import (
     EmbedResult,
     EmbedTokens,
     EngineCoreRequest,
+    IndexEntry,
     ModelSnapshot,
     ModelTable,
     PredictCall,
@@ -58,6 +59,25 @@ _RING_MARGIN = 64 * 1024
 """Room kept in the request ring beyond a call's tensors (its pickle and headers)."""
 
 
+class _RemoteControl:
+    """Model control in the engine process, over the control queries."""
+
+    def __init__(self, engine: RemoteEngine) -> None:
+        self._engine = engine
+
+    async def load_model(self, name: str) -> RepositoryChanges:
+        changes: RepositoryChanges = await self._engine.query("load_model", name)
+        return changes
+
+    async def unload_model(self, name: str) -> bool:
+        done: bool = await self._engine.query("unload_model", name)
+        return done
+
+    async def repository_index(self) -> list[IndexEntry]:
+        index: list[IndexEntry] = await self._engine.query("repository_index")
+        return index
+
+
 class RemoteEngine:
     """The EngineClient of a frontend process: the engine process over a link."""
 
@@ -68,6 +88,7 @@ class RemoteEngine:
         self._table = ModelTable(False, Readiness(False, "the engine process is starting"))
         self._link: Link | None = None
         self._ids = itertools.count(1)
+        self.control = _RemoteControl(self)
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._sinks: dict[int, OutputSink] = {}
         """Each generation in the engine, by call id: where its outputs go."""
@@ -294,8 +315,12 @@ class RemoteEngine:
             tokenizer = self._tokenizers[key] = _read_tokenizer(entry)
         return tokenizer
 
+    async def query(self, method: str, *args: Any) -> Any:
+        """A control-plane query to the engine process (tensord.procs.engine.QUERIES)."""
+        return await self._ask(messages.query(next(self._ids), method, args))
+
     async def info(self) -> ServerInfo:
-        info: ServerInfo = await self._ask(messages.query(next(self._ids), "info", ()))
+        info: ServerInfo = await self.query("info")
         return info
 
     async def snapshots(self, model: str) -> list[ModelSnapshot]:

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -30,7 +31,7 @@ from tensord.executor.select import build_executor, build_tensorrt_executor
 from tensord.executor.split import run_splitting_on_oom
 from tensord.modelconfig.model import ModelConfig
 from tensord.processing.wrap import served_signature, with_processing
-from tensord.registry.changes import RepositoryChanges, label, plan_reload
+from tensord.registry.changes import ReloadPlan, RepositoryChanges, label, plan_reload
 from tensord.registry.repository import VersionSource, read_repository
 from tensord.registry.version import (
     EMBED_INPUT,
@@ -44,6 +45,40 @@ from tensord.registry.version import (
 )
 
 log = structlog.get_logger("tensord.registry")
+
+
+@dataclass(slots=True, frozen=True)
+class IndexEntry:
+    """One model version of the repository index (KServe's RepositoryIndex)."""
+
+    name: str
+    version: int
+    """0 for a model not loaded."""
+    state: str
+    """READY, LOADING, UNLOADING or UNAVAILABLE (failed, or not loaded)."""
+    reason: str
+
+
+_INDEX_STATES = {
+    ModelState.LOADING: "LOADING",
+    ModelState.READY: "READY",
+    ModelState.FAILED: "UNAVAILABLE",
+    ModelState.UNLOADING: "UNLOADING",
+}
+
+
+def release_memory() -> None:
+    """Give freed heap back to the system (glibc keeps it for reuse otherwise: a process
+    that unloaded a model would keep its size)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    libc = ctypes.CDLL(name)
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
@@ -81,6 +116,13 @@ class ModelRegistry:
         self._retiring: dict[asyncio.Task[None], ModelVersion] = {}
         self.on_device_lost: Callable[[DeviceLostError], None] = lambda exc: None
         """Called when a load meets a sticky device error (the server restarts)."""
+        self.explicit = False
+        """[server] model_control = "explicit": only the models asked for are loaded."""
+        self.wanted: set[str] = set()
+        """In explicit mode, the models loaded (or asked for): [server] load_models at
+        start, then each load and unload; `*` in it stands for every model."""
+        self._changing = asyncio.Lock()
+        """One change of the repository's models at a time (a reload, a load, an unload)."""
 
     def versions(self) -> list[ModelVersion]:
         """Every model version, by name then version."""
@@ -90,9 +132,18 @@ class ModelRegistry:
         """Model names."""
         return sorted(self._models)
 
+    def set_model_control(self, mode: str, load_models: Iterable[str]) -> None:
+        """[server] model_control and load_models (set before the first load)."""
+        self.explicit = mode == "explicit"
+        self.wanted = set(load_models)
+
+    def _wants(self, name: str) -> bool:
+        return not self.explicit or "*" in self.wanted or name in self.wanted
+
     async def load_all(self) -> None:
-        """Scan the repository and load every version concurrently on worker threads."""
-        sources = await self._scan()
+        """Scan the repository and load every version concurrently on worker threads (in
+        explicit mode, those of the models asked for)."""
+        sources = [src for src in await self._scan() if self._wants(src.name)]
         entries = [from_source(src) for src in sources]
         for entry in entries:
             self._models.setdefault(entry.name, {})[entry.version] = entry
@@ -142,10 +193,73 @@ class ModelRegistry:
         the old one stays. A removed version turns UNLOADING (new requests go to another
         version or get UNAVAILABLE), finishes what it runs, then disappears.
         """
-        if repository is not None:
-            self.repository = repository
-        sources = await self._scan()
-        plan = plan_reload(self._models, sources)
+        async with self._changing:
+            if repository is not None:
+                self.repository = repository
+            sources = [src for src in await self._scan() if self._wants(src.name)]
+            return await self._apply(plan_reload(self._models, sources))
+
+    async def load_model(self, name: str) -> RepositoryChanges:
+        """Load (or load again, if its files changed) every version of one model of the
+        repository: NOT_FOUND when the repository has no such model, FAILED_PRECONDITION
+        when model control is off or no version of it becomes READY."""
+        self._check_control()
+        async with self._changing:
+            scanned = await self._scan()
+            sources = [src for src in scanned if src.name == name]
+            if not sources:
+                raise not_found(name, sorted({src.name for src in scanned}))
+            self.wanted.add(name)
+            served = {name: self._models[name]} if name in self._models else {}
+            changes = await self._apply(plan_reload(served, sources))
+        versions = self._models.get(name, {}).values()
+        if not any(mv.state is ModelState.READY for mv in versions):
+            reasons = "; ".join(f"v{mv.version}: {mv.reason}" for mv in versions if mv.reason)
+            raise FailedPreconditionError(f"model {name!r} did not load: {reasons}")
+        return changes
+
+    async def unload_model(self, name: str) -> bool:
+        """Unload every version of one model: each turns UNLOADING (new calls get
+        UNAVAILABLE), finishes the calls it holds, and is freed; this returns once all are
+        (memory goes back to the system). False when nothing of it was loaded."""
+        self._check_control()
+        async with self._changing:
+            self.wanted.discard(name)
+            versions = list(self._models.get(name, {}).values())
+            for entry in versions:
+                entry.state = ModelState.UNLOADING
+                self._retire(entry, remove=True)
+            if versions:
+                self._on_change()
+            retiring = [task for task, entry in self._retiring.items() if entry.name == name]
+        await asyncio.gather(*retiring)
+        if versions:
+            release_memory()
+        return bool(versions)
+
+    async def repository_index(self) -> list[IndexEntry]:
+        """Every model of the repository and every version served: its state and reason
+        (a model not loaded: UNAVAILABLE, version 0)."""
+        scanned = {src.name for src in await self._scan()}
+        index = []
+        for name in sorted(scanned | set(self._models)):
+            versions = self._models.get(name, {})
+            if not versions:
+                index.append(IndexEntry(name, 0, "UNAVAILABLE", "not loaded"))
+            for version, mv in sorted(versions.items()):
+                index.append(IndexEntry(name, version, _INDEX_STATES[mv.state], mv.reason))
+        return index
+
+    def _check_control(self) -> None:
+        if not self.explicit:
+            raise FailedPreconditionError(
+                'model control is off: [server] model_control = "none" loads every model of '
+                'the repository at start and on a reload (SIGHUP); set it to "explicit" to '
+                "load and unload models on request"
+            )
+
+    async def _apply(self, plan: ReloadPlan) -> RepositoryChanges:
+        """Carry out a reload's plan: load what is new and changed, retire what went."""
         changes = RepositoryChanges(unchanged=plan.unchanged)
         added = [from_source(src) for src in plan.added]
         for entry in added:

@@ -105,6 +105,9 @@ class TokenEntry(Settings):
     """Requests per second for this token; absent: [auth] rate_per_second; 0: no limit."""
     burst: int | None = Field(default=None, ge=0, le=1_000_000_000)
     """Bucket size for this token; absent: [auth] burst."""
+    model_control: bool = False
+    """The token may load and unload models (RepositoryModelLoad and RepositoryModelUnload,
+    with [server] model_control = "explicit"), those of `models`."""
 
     @field_validator("sha256")
     @classmethod
@@ -150,7 +153,8 @@ def read_token_file(path: Path, settings: AuthSettings) -> dict[str, _Grant]:
             settings.rate_per_second if entry.rate_per_second is None else entry.rate_per_second,
             settings.burst if entry.burst is None else entry.burst,
         )
-        grants[entry.sha256] = _Grant(Principal(entry.name, frozenset(entry.models)), rate)
+        principal = Principal(entry.name, frozenset(entry.models), entry.model_control)
+        grants[entry.sha256] = _Grant(principal, rate)
     return grants
 
 

@@ -49,6 +49,8 @@ RESTART_ONLY_KEYS = (
     "server.event_loop",
     "server.cuda_device",
     "server.frontends",
+    "server.model_control",
+    "server.load_models",
     "server.max_concurrent_streams",
     "server.keepalive_time_seconds",
     "server.keepalive_timeout_seconds",

@@ -20,6 +20,7 @@ from tensord.server.kit.look import (
     look_infer,
     look_model,
 )
+from tensord.wire import LENGTH
 
 
 def parse_version(text: str) -> int:
@@ -50,6 +51,18 @@ INFER_FIELDS = InferFields(
 _look_model = partial(look_model, version_text=parse_version)
 """ModelReady, ModelMetadata, ModelConfig, ModelStatistics: a name and a version string."""
 
+
+def _look_repository_model(walk: Walk) -> Look:
+    """RepositoryModelLoad and RepositoryModelUnload: repository_name 1, model_name 2 (read
+    and checked as soon as it is read), parameters 3 (their size bounded by the intake's
+    message limit)."""
+    look = Look()
+    for field in walk.fields():
+        if field.number == 2 and field.wire_type == LENGTH:
+            look.model = walk.model(field)
+    return look
+
+
 LOOKERS: dict[str, Callable[[Walk], Look]] = {
     "ServerLive": look_empty,
     "ServerReady": look_empty,
@@ -59,5 +72,8 @@ LOOKERS: dict[str, Callable[[Walk], Look]] = {
     "ModelConfig": _look_model,
     "ModelStatistics": _look_model,
     "ModelInfer": partial(look_infer, spec=INFER_FIELDS),
+    "RepositoryIndex": look_empty,
+    "RepositoryModelLoad": _look_repository_model,
+    "RepositoryModelUnload": _look_repository_model,
 }
 """How the intake looks at each GRPCInferenceService request, by RPC name."""

@@ -4,8 +4,10 @@ as Triton and KServe define it: a facade over the same data plane as tensord.v1.
 Its calls go through the same RPC decorators (intake, authorization, request ids,
 metrics, logs, one failure path), so a ModelInfer is validated, queued, batched, limited
 and counted as a Predict is. Protocol messages are converted in codec.py and
-converters.py beside it; the streaming extension (ModelStreamInfer), the repository,
-shared-memory, trace and log RPCs are not registered: gRPC answers UNIMPLEMENTED.
+converters.py beside it. The repository RPCs (Triton's model-control extension) load and
+unload models with [server] model_control = "explicit". The streaming extension
+(ModelStreamInfer), the shared-memory, trace and log RPCs are not registered: gRPC answers
+UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ log = structlog.get_logger("tensord.request")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 METHODS = frozenset(LOOKERS)
 """The RPCs served; the others are not registered (UNIMPLEMENTED)."""
-EXTENSIONS = ("model_configuration", "statistics")
+EXTENSIONS = ("model_configuration", "model_repository", "statistics")
 """The protocol extensions ServerMetadata reports."""
 _SEQUENCE_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end"})
 
@@ -121,6 +123,48 @@ class KServeServicer:
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="tensord", version=__version__, extensions=EXTENSIONS)
 
+    @unary_rpc(pb.RepositoryIndexRequest)
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.RepositoryIndexResponse:
+        _one_repository(request.repository_name)
+        index = await self._dataplane.control.index(ready_only=request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=e.name,
+                    version=str(e.version) if e.version else "",
+                    state=e.state,
+                    reason=e.reason,
+                )
+                for e in index
+            ]
+        )
+
+    @unary_rpc(pb.RepositoryModelLoadRequest)
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        _one_repository(request.repository_name)
+        for key in request.parameters:  # tritonclient's config and file: overrides
+            raise InvalidArgumentError(
+                f"parameters[{key[:64]!r}]: a load takes the model's files and model.toml from "
+                "the repository as they are; load parameters are not taken"
+            )
+        await self._dataplane.control.load(_named(request.model_name))
+        return pb.RepositoryModelLoadResponse()
+
+    @unary_rpc(pb.RepositoryModelUnloadRequest)
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        _one_repository(request.repository_name)
+        for key in request.parameters:
+            if key != "unload_dependents":  # a model has no dependents here: nothing to do
+                raise InvalidArgumentError(f"parameters[{key[:64]!r}] is not taken by an unload")
+        await self._dataplane.control.unload(_named(request.model_name))
+        return pb.RepositoryModelUnloadResponse()
+
     @unary_rpc(pb.ModelMetadataRequest)
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Ctx, rid: str, target: Any
@@ -184,6 +228,15 @@ class KServeServicer:
                 "(tensors in, tensors out); stream its tokens with tensord.v1's Generate"
             ) from None
         return await self._dataplane.predict(call, entry)
+
+
+def _one_repository(name: str) -> None:
+    """The daemon serves one model repository: a request naming another is refused."""
+    if name:
+        raise InvalidArgumentError(
+            f"repository_name {name[:64]!r}: this server has one model repository; leave "
+            "repository_name empty"
+        )
 
 
 def _named(name: str) -> str:
