@@ -197,7 +197,7 @@ def test_errors_are_mapped(kserve: Any) -> None:
     assert code == "StatusCode.INVALID_ARGUMENT" and "sequence" in message
     code, message = status_of(lambda: infer(kserve, "broken", {"input": x}))
     assert code == "StatusCode.FAILED_PRECONDITION"
-    code, _ = status_of(lambda: kserve.get_model_repository_index())
+    code, _ = status_of(lambda: kserve.get_system_shared_memory_status())
     assert code == "StatusCode.UNIMPLEMENTED"
 
 
