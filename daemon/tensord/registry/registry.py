@@ -143,7 +143,14 @@ class ModelRegistry:
     async def load_all(self) -> None:
         """Scan the repository and load every version concurrently on worker threads (in
         explicit mode, those of the models asked for)."""
-        sources = [src for src in await self._scan() if self._wants(src.name)]
+        scanned = await self._scan()
+        sources = [src for src in scanned if self._wants(src.name)]
+        for name in sorted(self.wanted - {"*"} - {src.name for src in scanned}):
+            log.warning(
+                "model_control.unknown_model",
+                model=name,
+                reason="[server] load_models names a model the repository does not hold",
+            )
         entries = [from_source(src) for src in sources]
         for entry in entries:
             self._models.setdefault(entry.name, {})[entry.version] = entry
