@@ -154,6 +154,15 @@ def _scan_model(
 ) -> list[VersionSource]:
     """The versions of one model directory; one whole-model entry if it cannot be used.
     Its subdirectories that serve no version go to `skipped`."""
+    toml = model_dir / MODEL_TOML
+    if toml.is_symlink():  # its text would be read, and a bad line quoted in the reason
+        real = toml.resolve()
+        if not real.is_relative_to(model_dir.resolve()):
+            problem = (
+                f"{toml} leads to {str(real)!r}, outside the model's directory: a model.toml "
+                "is the model's own file (symlinks to it are followed only inside the directory)"
+            )
+            return [_whole_model_failure(model_dir, model_dir.name, ModelConfig(), problem)]
     try:
         config = read_model_config(model_dir)
     except ModelLoadError as exc:

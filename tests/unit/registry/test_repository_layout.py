@@ -148,3 +148,19 @@ def test_a_model_served_from_its_directory_still_names_stray_subdirectories(
     (flat / "latest" / "model.onnx").write_bytes(b"x")
     scan = read_repository(tmp_path)
     assert [s.path.name for s in scan.skipped if s.notable] == ["latest"]
+
+
+def test_a_model_toml_outside_its_directory_is_not_read(tmp_path: Path) -> None:
+    """A model.toml that symlinks lead outside the model's directory fails the model with
+    the path it leads to, and nothing of that file's text."""
+    from tensord.registry.repository import read_repository
+
+    secret = tmp_path / "secret.env"
+    secret.write_text('API_KEY = "hunter2"\n')
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    (repo / "m" / "model.onnx").write_bytes(b"x")
+    (repo / "m" / "model.toml").symlink_to(secret)
+    (source,) = read_repository(repo).sources
+    assert "secret.env" in source.error and "outside the model's directory" in source.error
+    assert "hunter2" not in source.error and "API_KEY" not in source.error
