@@ -192,3 +192,36 @@ def test_a_token_needs_model_control(small_repo: Path, tmp_path: Path) -> None:
             client.unload_model("cnn", headers=operator)
     finally:
         server.stop()
+
+
+def test_tensord_v1_and_tensorctl(srv: ServerThread) -> None:
+    """The same control in tensord.v1 (the Python client) and tensorctl."""
+    import subprocess
+    import sys
+
+    from tensord_client import Client
+    from tensord_client.errors import NotFound
+
+    with Client(srv.target, timeout=60, retries=0) as client:
+        index = {m.name: (m.version, m.state) for m in client.repository_index()}
+        assert index["mlp"] == (1, "READY") and index["cnn"] == (0, "NOT_LOADED")
+        client.load_model("cnn")
+        assert {m.name for m in client.repository_index(ready=True)} >= {"mlp", "cnn"}
+        assert client.unload_model("cnn") is True
+        assert client.unload_model("cnn") is False
+        with pytest.raises(NotFound):
+            client.load_model("nope")
+
+    def tensorctl(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "tensord_client.cli", "--target", srv.target, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    done = tensorctl("load", "cnn")
+    assert done.returncode == 0 and "cnn: loaded" in done.stdout, done.stderr
+    listed = tensorctl("models")
+    assert listed.returncode == 0
+    assert any(line.split()[:3] == ["cnn", "1", "READY"] for line in listed.stdout.splitlines())
+    done = tensorctl("unload", "cnn")
+    assert done.returncode == 0 and "cnn: unloaded" in done.stdout
+    missing = tensorctl("load", "nope")
+    assert missing.returncode == 1 and "not found" in missing.stderr

@@ -39,6 +39,9 @@ def test_list_describe_and_call(server: ServerThread) -> None:
             "Embed",
             "Health",
             "Info",
+            "RepositoryIndex",
+            "LoadModel",
+            "UnloadModel",
         ]
         kserve = pool.FindServiceByName("inference.GRPCInferenceService")
         assert {"ModelInfer", "ModelMetadata", "ModelConfig"} <= {m.name for m in kserve.methods}

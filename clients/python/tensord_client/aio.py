@@ -23,7 +23,7 @@ from tensord_client._common import (
     predict_request,
 )
 from tensord_client.errors import from_rpc_error
-from tensord_client.results import GenerateChunk, Health, Info
+from tensord_client.results import GenerateChunk, Health, Info, ModelIndex
 from tensord_client.v1 import inference_pb2 as pb
 from tensord_client.v1 import inference_pb2_grpc as pb_grpc
 
@@ -169,6 +169,53 @@ class AsyncClient:
             request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
         return _chunks(call)
+
+    async def repository_index(
+        self,
+        *,
+        ready: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline; public API
+    ) -> list[ModelIndex]:
+        """Every model of the repository: each loaded version's state, and the models not
+        loaded (version 0, NOT_LOADED); only the READY versions with `ready`."""
+        reply: pb.RepositoryIndexResponse = await _unary(
+            self._stub.RepositoryIndex,
+            pb.RepositoryIndexRequest(ready=ready),
+            timeout=self._deadline(timeout),
+            metadata=self._auth,
+        )
+        return [ModelIndex.from_proto(m) for m in reply.models]
+
+    async def load_model(
+        self,
+        model: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline; public API
+    ) -> None:
+        """Load (or load again, if its files changed) a model of the repository; returns
+        once it is READY ([server] model_control = "explicit")."""
+        await _unary(
+            self._stub.LoadModel,
+            pb.LoadModelRequest(model=model),
+            timeout=self._deadline(timeout),
+            metadata=self._auth,
+        )
+
+    async def unload_model(
+        self,
+        model: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's gRPC deadline; public API
+    ) -> bool:
+        """Unload a model; returns once its calls have ended and it is freed (False when
+        it was not loaded)."""
+        reply: pb.UnloadModelResponse = await _unary(
+            self._stub.UnloadModel,
+            pb.UnloadModelRequest(model=model),
+            timeout=self._deadline(timeout),
+            metadata=self._auth,
+        )
+        return reply.unloaded
 
     async def health(
         self,

@@ -83,6 +83,36 @@ def cmd_health(client: Client, args: argparse.Namespace) -> int:
     return 0 if _serving(reply, args.model) else 1
 
 
+def cmd_models(client: Client, args: argparse.Namespace) -> int:
+    """Print every model of the repository: each loaded version's state, and those not
+    loaded."""
+    index = client.repository_index(ready=args.ready)
+    if args.json:
+        rows_json = [
+            {"name": m.name, "version": m.version, "state": str(m.state), "reason": m.reason}
+            for m in index
+        ]
+        print(json.dumps(rows_json, indent=2))
+    else:
+        rows = [[m.name, str(m.version or "-"), m.state, m.reason] for m in index]
+        print(_table(rows, ["MODEL", "VERSION", "STATE", "REASON"]))
+    return 0
+
+
+def cmd_load(client: Client, args: argparse.Namespace) -> int:
+    """Load a model of the repository; returns once it is READY."""
+    client.load_model(args.model)
+    print(f"{args.model}: loaded")
+    return 0
+
+
+def cmd_unload(client: Client, args: argparse.Namespace) -> int:
+    """Unload a model; returns once its calls have ended."""
+    done = client.unload_model(args.model)
+    print(f"{args.model}: {'unloaded' if done else 'was not loaded'}")
+    return 0
+
+
 def _spec(specs: list[TensorSpec]) -> str:
     return ", ".join(
         f"{s.name}:{s.dtype.lower()}" + ("[rank unknown]" if s.unknown_rank else str(s.shape))
@@ -377,7 +407,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="server, devices, providers and models").set_defaults(func=cmd_info)
     _add_predict_command(sub)
     _add_generate_command(sub)
+    _add_control_commands(sub)
     return parser
+
+
+def _add_control_commands(sub: Any) -> None:
+    models = sub.add_parser("models", help="every model of the repository, loaded or not")
+    models.add_argument("--ready", action="store_true", help="only the READY versions")
+    models.set_defaults(func=cmd_models)
+    for name, func, what in (
+        ("load", cmd_load, "load a model of the repository (model_control = explicit)"),
+        ("unload", cmd_unload, "unload a model once its calls have ended"),
+    ):
+        command = sub.add_parser(name, help=what)
+        command.add_argument("model")
+        command.set_defaults(func=func)
 
 
 def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from tensord_client._common import (
     predict_request,
 )
 from tensord_client.errors import from_rpc_error
-from tensord_client.results import GenerateChunk, Health, Info
+from tensord_client.results import GenerateChunk, Health, Info, ModelIndex
 from tensord_client.v1 import inference_pb2 as pb
 from tensord_client.v1 import inference_pb2_grpc as pb_grpc
 
@@ -183,6 +183,40 @@ class Client:
             request, timeout=self._deadline(timeout), metadata=metadata(request_id, self._auth)
         )
         return _chunks(call)
+
+    def repository_index(
+        self, *, ready: bool = False, timeout: float | None = None
+    ) -> list[ModelIndex]:
+        """Every model of the repository: each loaded version's state, and the models not
+        loaded (version 0, NOT_LOADED); only the READY versions with `ready`."""
+        reply: pb.RepositoryIndexResponse = _unary(
+            self._stub.RepositoryIndex,
+            pb.RepositoryIndexRequest(ready=ready),
+            timeout=self._deadline(timeout),
+            metadata=self._auth,
+        )
+        return [ModelIndex.from_proto(m) for m in reply.models]
+
+    def load_model(self, model: str, *, timeout: float | None = None) -> None:
+        """Load (or load again, if its files changed) a model of the repository; returns
+        once it is READY ([server] model_control = "explicit")."""
+        _unary(
+            self._stub.LoadModel,
+            pb.LoadModelRequest(model=model),
+            timeout=self._deadline(timeout),
+            metadata=self._auth,
+        )
+
+    def unload_model(self, model: str, *, timeout: float | None = None) -> bool:
+        """Unload a model; returns once its calls have ended and it is freed (False when
+        it was not loaded)."""
+        reply: pb.UnloadModelResponse = _unary(
+            self._stub.UnloadModel,
+            pb.UnloadModelRequest(model=model),
+            timeout=self._deadline(timeout),
+            metadata=self._auth,
+        )
+        return reply.unloaded
 
     def health(self, model: str = "", *, timeout: float | None = None) -> Health:
         """Server and model health: `status` "SERVING" or "NOT_SERVING", each model

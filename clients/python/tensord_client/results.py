@@ -77,6 +77,7 @@ class ModelState(WireEnum):
     READY = "READY"
     FAILED = "FAILED"
     UNLOADING = "UNLOADING"
+    NOT_LOADED = "NOT_LOADED"
 
 
 class FinishReason(WireEnum):
@@ -125,6 +126,20 @@ class ModelHealth:
 
     @classmethod
     def from_proto(cls, m: pb.ModelHealth) -> ModelHealth:
+        return cls(m.name, m.version, ModelState.from_number(m.state), m.reason)
+
+
+@dataclass(slots=True, frozen=True)
+class ModelIndex:
+    """One model version of the repository index (version 0: a model not loaded)."""
+
+    name: str
+    version: int
+    state: ModelState
+    reason: str
+
+    @classmethod
+    def from_proto(cls, m: pb.ModelIndex) -> ModelIndex:
         return cls(m.name, m.version, ModelState.from_number(m.state), m.reason)
 
 

@@ -47,6 +47,7 @@ class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_STATE_READY: _ClassVar[ModelState]
     MODEL_STATE_FAILED: _ClassVar[ModelState]
     MODEL_STATE_UNLOADING: _ClassVar[ModelState]
+    MODEL_STATE_NOT_LOADED: _ClassVar[ModelState]
 DATA_TYPE_UNSPECIFIED: DataType
 DATA_TYPE_BOOL: DataType
 DATA_TYPE_UINT8: DataType
@@ -73,6 +74,7 @@ MODEL_STATE_LOADING: ModelState
 MODEL_STATE_READY: ModelState
 MODEL_STATE_FAILED: ModelState
 MODEL_STATE_UNLOADING: ModelState
+MODEL_STATE_NOT_LOADED: ModelState
 
 class Tensor(_message.Message):
     __slots__ = ("name", "dtype", "shape", "raw_data", "contents")
@@ -289,6 +291,52 @@ class Usage(_message.Message):
     time_to_first_token_ms: float
     mean_inter_token_ms: float
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., time_to_first_token_ms: _Optional[float] = ..., mean_inter_token_ms: _Optional[float] = ...) -> None: ...
+
+class RepositoryIndexRequest(_message.Message):
+    __slots__ = ("ready",)
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    def __init__(self, ready: _Optional[bool] = ...) -> None: ...
+
+class RepositoryIndexResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelIndex]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelIndex, _Mapping]]] = ...) -> None: ...
+
+class ModelIndex(_message.Message):
+    __slots__ = ("name", "version", "state", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: int
+    state: ModelState
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[ModelState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LoadModelRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class LoadModelResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnloadModelRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class UnloadModelResponse(_message.Message):
+    __slots__ = ("unloaded",)
+    UNLOADED_FIELD_NUMBER: _ClassVar[int]
+    unloaded: bool
+    def __init__(self, unloaded: _Optional[bool] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ("model",)

@@ -60,6 +60,21 @@ class InferenceServiceStub:
                 request_serializer=tensord_dot_v1_dot_inference__pb2.InfoRequest.SerializeToString,
                 response_deserializer=tensord_dot_v1_dot_inference__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.RepositoryIndex = channel.unary_unary(
+                '/tensord.v1.InferenceService/RepositoryIndex',
+                request_serializer=tensord_dot_v1_dot_inference__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=tensord_dot_v1_dot_inference__pb2.RepositoryIndexResponse.FromString,
+                _registered_method=True)
+        self.LoadModel = channel.unary_unary(
+                '/tensord.v1.InferenceService/LoadModel',
+                request_serializer=tensord_dot_v1_dot_inference__pb2.LoadModelRequest.SerializeToString,
+                response_deserializer=tensord_dot_v1_dot_inference__pb2.LoadModelResponse.FromString,
+                _registered_method=True)
+        self.UnloadModel = channel.unary_unary(
+                '/tensord.v1.InferenceService/UnloadModel',
+                request_serializer=tensord_dot_v1_dot_inference__pb2.UnloadModelRequest.SerializeToString,
+                response_deserializer=tensord_dot_v1_dot_inference__pb2.UnloadModelResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -104,6 +119,29 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RepositoryIndex(self, request, context):
+        """RepositoryIndex lists every model of the repository, each loaded version with its
+        state, and the models not loaded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadModel(self, request, context):
+        """LoadModel loads (or loads again, if its files changed) a model of the repository and
+        answers once it is ready ([server] model_control = "explicit").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadModel(self, request, context):
+        """UnloadModel unloads a model and answers once its calls have ended and it is freed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +169,21 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=tensord_dot_v1_dot_inference__pb2.InfoRequest.FromString,
                     response_serializer=tensord_dot_v1_dot_inference__pb2.InfoResponse.SerializeToString,
+            ),
+            'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryIndex,
+                    request_deserializer=tensord_dot_v1_dot_inference__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=tensord_dot_v1_dot_inference__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+            'LoadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadModel,
+                    request_deserializer=tensord_dot_v1_dot_inference__pb2.LoadModelRequest.FromString,
+                    response_serializer=tensord_dot_v1_dot_inference__pb2.LoadModelResponse.SerializeToString,
+            ),
+            'UnloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadModel,
+                    request_deserializer=tensord_dot_v1_dot_inference__pb2.UnloadModelRequest.FromString,
+                    response_serializer=tensord_dot_v1_dot_inference__pb2.UnloadModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +322,87 @@ class InferenceService:
             '/tensord.v1.InferenceService/Info',
             tensord_dot_v1_dot_inference__pb2.InfoRequest.SerializeToString,
             tensord_dot_v1_dot_inference__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensord.v1.InferenceService/RepositoryIndex',
+            tensord_dot_v1_dot_inference__pb2.RepositoryIndexRequest.SerializeToString,
+            tensord_dot_v1_dot_inference__pb2.RepositoryIndexResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensord.v1.InferenceService/LoadModel',
+            tensord_dot_v1_dot_inference__pb2.LoadModelRequest.SerializeToString,
+            tensord_dot_v1_dot_inference__pb2.LoadModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tensord.v1.InferenceService/UnloadModel',
+            tensord_dot_v1_dot_inference__pb2.UnloadModelRequest.SerializeToString,
+            tensord_dot_v1_dot_inference__pb2.UnloadModelResponse.FromString,
             options,
             channel_credentials,
             insecure,

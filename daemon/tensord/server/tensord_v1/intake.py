@@ -87,5 +87,8 @@ LOOKERS: dict[str, Callable[[Walk], Look]] = {
     "Embed": _look_embed,
     "Health": kit.look_model,
     "Info": kit.look_empty,
+    "RepositoryIndex": kit.look_empty,
+    "LoadModel": kit.look_model,
+    "UnloadModel": kit.look_model,
 }
 """How the intake looks at each InferenceService request, by RPC name."""

@@ -60,7 +60,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
     def check_model(self, rpc: str, model: str) -> None:
         """As soon as a request's model name is read: the caller may use it."""
-        if rpc in ("Predict", "Generate", "Embed"):
+        if rpc in ("Predict", "Generate", "Embed", "LoadModel", "UnloadModel"):
             check_model(model)
 
     def check_look(self, rpc: str, look: Look) -> TableEntry | None:
@@ -133,6 +133,32 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             return await asyncio.to_thread(converters.embed_response, result, total_us)
         return converters.embed_response(result, total_us)
 
+    @unary_rpc(pb.RepositoryIndexRequest)
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.RepositoryIndexResponse:
+        index = await self._dataplane.control.index(ready_only=request.ready)
+        response = pb.RepositoryIndexResponse()
+        for e in index:
+            state = _INDEX_STATES.get(e.state)
+            if state is None:  # UNAVAILABLE: failed, or not loaded
+                state = pb.MODEL_STATE_FAILED if e.version else pb.MODEL_STATE_NOT_LOADED
+            response.models.add(name=e.name, version=e.version, state=state, reason=e.reason)
+        return response
+
+    @unary_rpc(pb.LoadModelRequest)
+    async def LoadModel(
+        self, request: pb.LoadModelRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.LoadModelResponse:
+        await self._dataplane.control.load(request.model)
+        return pb.LoadModelResponse()
+
+    @unary_rpc(pb.UnloadModelRequest)
+    async def UnloadModel(
+        self, request: pb.UnloadModelRequest, context: Ctx, rid: str, target: Any
+    ) -> pb.UnloadModelResponse:
+        return pb.UnloadModelResponse(unloaded=await self._dataplane.control.unload(request.model))
+
     @stream_rpc(pb.GenerateRequest)
     async def Generate(
         self, request: pb.GenerateRequest, context: Ctx, rid: str, target: Any
@@ -156,6 +182,13 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             pb.Endpoint(protocol=protocol, address=address) for protocol, address in self.endpoints
         )
         return response
+
+
+_INDEX_STATES = {
+    "READY": pb.MODEL_STATE_READY,
+    "LOADING": pb.MODEL_STATE_LOADING,
+    "UNLOADING": pb.MODEL_STATE_UNLOADING,
+}
 
 
 def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
