@@ -168,6 +168,18 @@ def test_model_control_is_off_by_default(small_repo: Path) -> None:
         server.stop()
 
 
+def test_explicit_mode_with_nothing_loaded_is_ready(small_repo: Path) -> None:
+    """A daemon waiting to be asked for models says SERVING (tritonclient and Kubernetes
+    wait for ready before they load anything)."""
+    server = serve(small_repo, server__model_control="explicit")
+    try:
+        with triton().InferenceServerClient(server.target) as client:
+            assert client.is_server_ready()
+            assert all(m.state == "UNAVAILABLE" for m in client.get_model_repository_index().models)
+    finally:
+        server.stop()
+
+
 def test_a_token_needs_model_control(small_repo: Path, tmp_path: Path) -> None:
     from tritonclient.utils import InferenceServerException
 

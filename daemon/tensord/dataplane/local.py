@@ -317,11 +317,10 @@ class LocalEngine:
                     max_batch_size=mv.config.max_batch_size,
                 )
             entries.append(entry)
-        readiness = (
-            judge(self.ready_when, versions)
-            if self.loaded
-            else Readiness(False, "the models are loading")
-        )
+        readiness = Readiness(False, "the models are loading")
+        if self.loaded:  # explicit model control with nothing loaded: ready to be asked
+            idle = self.registry.explicit and not versions
+            readiness = Readiness(True) if idle else judge(self.ready_when, versions)
         return ModelTable(self.loaded, readiness, tuple(entries))
 
     def _generator_row(self, entry: TableEntry, engine: GenerationEngine) -> TableEntry:

@@ -71,14 +71,11 @@ def release_memory() -> None:
     """Give freed heap back to the system (glibc keeps it for reuse otherwise: a process
     that unloaded a model would keep its size)."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    libc = ctypes.CDLL(name)
-    if hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    libc = ctypes.CDLL(None)  # the C library this process runs on
+    trim = getattr(libc, "malloc_trim", None)  # glibc's; musl has none
+    if trim is not None:
+        trim(0)
 
 
 BackendFactory = Callable[[Path, ModelConfig, DeviceOptions], Backend]
@@ -121,6 +118,9 @@ class ModelRegistry:
         self.wanted: set[str] = set()
         """In explicit mode, the models loaded (or asked for): [server] load_models at
         start, then each load and unload; `*` in it stands for every model."""
+        self.unloaded: set[str] = set()
+        """In explicit mode, the models unloaded on request (which `*` no longer brings back
+        on a reload)."""
         self._changing = asyncio.Lock()
         """One change of the repository's models at a time (a reload, a load, an unload)."""
 
@@ -138,11 +138,18 @@ class ModelRegistry:
         self.wanted = set(load_models)
 
     def _wants(self, name: str) -> bool:
-        return not self.explicit or "*" in self.wanted or name in self.wanted
+        if not self.explicit or name in self.wanted:
+            return True
+        return "*" in self.wanted and name not in self.unloaded
 
     async def load_all(self) -> None:
         """Scan the repository and load every version concurrently on worker threads (in
-        explicit mode, those of the models asked for)."""
+        explicit mode, those of the models asked for). Loads, unloads and reloads asked for
+        meanwhile wait for it."""
+        async with self._changing:
+            await self._load_all()
+
+    async def _load_all(self) -> None:
         scanned = await self._scan()
         sources = [src for src in scanned if self._wants(src.name)]
         for name in sorted(self.wanted - {"*"} - {src.name for src in scanned}):
@@ -204,26 +211,45 @@ class ModelRegistry:
             if repository is not None:
                 self.repository = repository
             sources = [src for src in await self._scan() if self._wants(src.name)]
-            return await self._apply(plan_reload(self._models, sources))
+            return await self._apply(plan_reload(self._serving(), sources))
 
     async def load_model(self, name: str) -> RepositoryChanges:
         """Load (or load again, if its files changed) every version of one model of the
         repository: NOT_FOUND when the repository has no such model, FAILED_PRECONDITION
         when model control is off or no version of it becomes READY."""
         self._check_control()
-        async with self._changing:
-            scanned = await self._scan()
-            sources = [src for src in scanned if src.name == name]
-            if not sources:
-                raise not_found(name, sorted({src.name for src in scanned}))
-            self.wanted.add(name)
-            served = {name: self._models[name]} if name in self._models else {}
-            changes = await self._apply(plan_reload(served, sources))
+        # Shielded: a caller that goes away (its deadline, a cancel) stops waiting, never
+        # the load, which would leave versions LOADING or an executor nobody frees.
+        changes = await asyncio.shield(asyncio.ensure_future(self._load_model(name)))
         versions = self._models.get(name, {}).values()
         if not any(mv.state is ModelState.READY for mv in versions):
             reasons = "; ".join(f"v{mv.version}: {mv.reason}" for mv in versions if mv.reason)
             raise FailedPreconditionError(f"model {name!r} did not load: {reasons}")
         return changes
+
+    async def _load_model(self, name: str) -> RepositoryChanges:
+        async with self._changing:
+            await self._retired(name)  # an unload of it still draining: finished first
+            scanned = await self._scan()
+            sources = [src for src in scanned if src.name == name]
+            if not sources:
+                raise not_found(name, sorted({src.name for src in scanned}))
+            self.wanted.add(name)
+            self.unloaded.discard(name)
+            served = {k: v for k, v in self._serving().items() if k == name}
+            return await self._apply(plan_reload(served, sources))
+
+    async def _retired(self, name: str) -> None:
+        await asyncio.gather(*(t for t, entry in self._retiring.items() if entry.name == name))
+
+    def _serving(self) -> dict[str, dict[int, ModelVersion]]:
+        """The versions a reload plans from: those not being unloaded."""
+        served = {}
+        for name, versions in self._models.items():
+            kept = {v: e for v, e in versions.items() if e.state is not ModelState.UNLOADING}
+            if kept:
+                served[name] = kept
+        return served
 
     async def unload_model(self, name: str) -> bool:
         """Unload every version of one model: each turns UNLOADING (new calls get
@@ -232,16 +258,21 @@ class ModelRegistry:
         self._check_control()
         async with self._changing:
             self.wanted.discard(name)
-            versions = list(self._models.get(name, {}).values())
+            self.unloaded.add(name)
+            versions = [
+                e
+                for e in self._models.get(name, {}).values()
+                if e.state is not ModelState.UNLOADING
+            ]
             for entry in versions:
                 entry.state = ModelState.UNLOADING
                 self._retire(entry, remove=True)
             if versions:
                 self._on_change()
-            retiring = [task for task, entry in self._retiring.items() if entry.name == name]
-        await asyncio.gather(*retiring)
+        # Shielded: a caller that stops waiting leaves the drain and the freeing to go on.
+        await asyncio.shield(self._retired(name))
         if versions:
-            release_memory()
+            await asyncio.to_thread(release_memory)
         return bool(versions)
 
     async def repository_index(self) -> list[IndexEntry]:

@@ -156,7 +156,11 @@ def _scan_model(
     Its subdirectories that serve no version go to `skipped`."""
     toml = model_dir / MODEL_TOML
     if toml.is_symlink():  # its text would be read, and a bad line quoted in the reason
-        real = toml.resolve()
+        try:
+            real = toml.resolve()
+        except (OSError, RuntimeError):  # a loop of symlinks
+            problem = f"{toml} is a symlink that leads nowhere (a loop)"
+            return [_whole_model_failure(model_dir, model_dir.name, ModelConfig(), problem)]
         if not real.is_relative_to(model_dir.resolve()):
             problem = (
                 f"{toml} leads to {str(real)!r}, outside the model's directory: a model.toml "

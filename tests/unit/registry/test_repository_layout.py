@@ -164,3 +164,13 @@ def test_a_model_toml_outside_its_directory_is_not_read(tmp_path: Path) -> None:
     (source,) = read_repository(repo).sources
     assert "secret.env" in source.error and "outside the model's directory" in source.error
     assert "hunter2" not in source.error and "API_KEY" not in source.error
+
+
+def test_a_model_toml_in_a_symlink_loop_fails_that_model_alone(tmp_path: Path) -> None:
+    from tensord.registry.repository import read_repository
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.onnx").write_bytes(b"x")
+    (tmp_path / "m" / "model.toml").symlink_to(tmp_path / "m" / "model.toml")
+    (source,) = read_repository(tmp_path).sources
+    assert "leads nowhere" in source.error
