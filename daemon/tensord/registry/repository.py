@@ -389,10 +389,28 @@ def _generator_problem(
     return ""
 
 
+_EMBEDDING_FILES = (
+    "tokenizer.json",
+    "config.json",
+    "tokenizer_config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+)
+"""What loading an embedding folder reads besides its model file (when present)."""
+
+
 def _embedding_problem(directory: Path, model_dir: Path, follow_symlinks: bool) -> str:
     """Why an embedding folder's files cannot be served ("" when they can): tokenizer.json
-    missing, or not a regular file, or led outside the model's directory by symlinks."""
-    path = directory / "tokenizer.json"
-    if not path.exists():
+    missing, or a file it reads not a regular file, or led outside the model's directory by
+    symlinks (as a model file: follow_model_symlinks lets them)."""
+    if not (directory / "tokenizer.json").exists():
         return f"{directory}: an embedding model needs tokenizer.json beside its files"
-    return _model_file_problem(path, model_dir, follow_symlinks)
+    for name in _EMBEDDING_FILES:
+        path = directory / name
+        if path.exists() or path.is_symlink():
+            problem = _model_file_problem(path, model_dir, follow_symlinks)
+            if problem:
+                return problem
+    return ""

@@ -164,3 +164,15 @@ def test_check_config_describes_the_folder(built: dict[str, Path], tmp_path: Pat
     assert [(t.name, t.dtype) for t in version.inputs] == [("text", "string")]
     assert [(t.name, t.dtype) for t in version.outputs] == [("embedding", "float32")]
     assert "mean pooling" in version.notes[0]
+
+
+def test_a_folder_file_outside_the_folder_is_refused(hub: Path, tmp_path: Path) -> None:
+    """A file the folder reads that symlinks lead outside the model's directory fails the
+    model with the path it leads to, and nothing of its text."""
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"default_prompt_name": "hunter2"}')
+    (hub / "config_sentence_transformers.json").unlink(missing_ok=True)
+    (hub / "config_sentence_transformers.json").symlink_to(secret)
+    (source,) = read_repository(hub.parent).sources
+    assert "secret.json" in source.error and "outside the model's directory" in source.error
+    assert "hunter2" not in source.error
