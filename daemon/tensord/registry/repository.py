@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tensord.errors import ModelLoadError
-from tensord.generate.model.genai_config import GENAI_CONFIG_FILE, builder_model_file
+from tensord.generate.model.genai_config import builder_model_file
 from tensord.modelconfig.embedding import EmbeddingConfig
 from tensord.modelconfig.generator import GeneratorConfig
 from tensord.modelconfig.model import (
@@ -38,14 +38,11 @@ from tensord.registry.layout import (
     subdirectory_skips,
     top_level_skip,
 )
-
-# Beside the model file, tokenizer.json and one of the configs make a directory a generator
-# (tensord.generate.model.model_dir): config.json for an Optimum export, genai_config.json for
-# an ONNX Runtime GenAI model-builder folder.
-GENERATOR_MARKERS = ("tokenizer.json",)
-GENERATOR_CONFIGS = ("config.json", GENAI_CONFIG_FILE)
-GENERATOR_OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json")
-"""Read when present; like the markers, they follow the model file's symlink rule."""
+from tensord.registry.version_files import (
+    embedding_problem,
+    generator_problem,
+    model_file_problem,
+)
 
 Fingerprint = tuple[tuple[str, int, int, int], ...]
 
@@ -225,13 +222,13 @@ def _scan_versions(
             continue
         here = _in_directory(config, directory)
         path = directory / here.model_file
-        error = _model_file_problem(path, model_dir, follow_symlinks)
+        error = model_file_problem(path, model_dir, follow_symlinks)
         if error and not path.exists() and not path.is_symlink():
             error += model_file_hint(directory, here.model_file, model_dir)
         if not error and here.kind == "generator":
-            error = _generator_problem(directory, here.model_file, model_dir, follow_symlinks)
+            error = generator_problem(directory, here.model_file, model_dir, follow_symlinks)
         if not error and here.kind == "embedding":
-            error = _embedding_problem(directory, model_dir, follow_symlinks)
+            error = embedding_problem(directory, model_dir, follow_symlinks)
         sources.append(
             VersionSource(
                 name,
@@ -296,23 +293,6 @@ def _refuse_shared_names(found: list[VersionSource]) -> list[VersionSource]:
     return list(kept.values())
 
 
-def _model_file_problem(path: Path, model_dir: Path, follow_symlinks: bool) -> str:
-    """Why `path` cannot be served ("" when it can): missing, not a regular file, or led
-    outside the model's directory by symlinks (the path it leads to quoted, as repr()
-    quotes it: it may hold spaces, and redaction replaces it whole)."""
-    if not path.exists():
-        return f"{path} does not exist"
-    real = path.resolve()
-    if not follow_symlinks and not real.is_relative_to(model_dir.resolve()):
-        return (
-            f"{path} leads to {str(real)!r}, outside the model's directory {model_dir}; move the "
-            "file in, or set follow_model_symlinks = true in the daemon's config"
-        )
-    if not real.is_file():
-        return f"{path} is not a regular file"
-    return ""
-
-
 def _in_directory(config: ModelConfig, directory: Path) -> ModelConfig:
     """The config as it applies to one version directory: a model-builder folder names its
     decoder in genai_config.json (Microsoft's Phi-3 folders use long file names, and a CPU
@@ -363,54 +343,3 @@ def _resolve_kind(config: ModelConfig, on_disk: dict[int, Path]) -> ModelConfig:
     return config.model_copy(
         update={"kind": kind, "generator": config.generator or GeneratorConfig()}
     )
-
-
-def _generator_problem(
-    directory: Path, model_file: str, model_dir: Path, follow_symlinks: bool
-) -> str:
-    """Why a generator's files cannot be served ("" when they can): a marker is missing,
-    or one of its files is not a regular file or symlinks lead it outside the model's
-    directory (as for the model file)."""
-    missing = [n for n in GENERATOR_MARKERS if not (directory / n).exists()]
-    configs = [n for n in GENERATOR_CONFIGS if (directory / n).exists()]
-    if not configs:
-        missing.append(" or ".join(GENERATOR_CONFIGS))
-    if missing:
-        return (
-            f"{directory}: a generator needs tokenizer.json and config.json (an Optimum "
-            f"export) or genai_config.json (a model-builder folder) beside {model_file}; "
-            f"{', '.join(missing)} is missing"
-        )
-    present = [n for n in GENERATOR_OPTIONAL_FILES if (directory / n).exists()]
-    for name in (*GENERATOR_MARKERS, *configs, *present):
-        problem = _model_file_problem(directory / name, model_dir, follow_symlinks)
-        if problem:
-            return problem
-    return ""
-
-
-_EMBEDDING_FILES = (
-    "tokenizer.json",
-    "config.json",
-    "tokenizer_config.json",
-    "modules.json",
-    "sentence_bert_config.json",
-    "config_sentence_transformers.json",
-    "1_Pooling/config.json",
-)
-"""What loading an embedding folder reads besides its model file (when present)."""
-
-
-def _embedding_problem(directory: Path, model_dir: Path, follow_symlinks: bool) -> str:
-    """Why an embedding folder's files cannot be served ("" when they can): tokenizer.json
-    missing, or a file it reads not a regular file, or led outside the model's directory by
-    symlinks (as a model file: follow_model_symlinks lets them)."""
-    if not (directory / "tokenizer.json").exists():
-        return f"{directory}: an embedding model needs tokenizer.json beside its files"
-    for name in _EMBEDDING_FILES:
-        path = directory / name
-        if path.exists() or path.is_symlink():
-            problem = _model_file_problem(path, model_dir, follow_symlinks)
-            if problem:
-                return problem
-    return ""
