@@ -11,6 +11,7 @@ from tensord.dataplane.engine_client import EngineClient
 from tensord.errors import FailedPreconditionError
 from tensord.registry.changes import RepositoryChanges
 from tensord.registry.registry import IndexEntry
+from tensord.registry.version import ModelState
 
 
 class ModelControl:
@@ -44,5 +45,5 @@ class ModelControl:
         return [
             dataclasses.replace(e, reason=self._shown(e.reason)) if e.reason else e
             for e in index
-            if may_see(e.name) and (e.state == "READY" or not ready_only)
+            if may_see(e.name) and (e.state is ModelState.READY or not ready_only)
         ]

@@ -54,17 +54,9 @@ class IndexEntry:
     name: str
     version: int
     """0 for a model not loaded."""
-    state: str
-    """READY, LOADING, UNLOADING or UNAVAILABLE (failed, or not loaded)."""
+    state: ModelState | None
+    """None: in the repository, not loaded."""
     reason: str
-
-
-_INDEX_STATES = {
-    ModelState.LOADING: "LOADING",
-    ModelState.READY: "READY",
-    ModelState.FAILED: "UNAVAILABLE",
-    ModelState.UNLOADING: "UNLOADING",
-}
 
 
 def release_memory() -> None:
@@ -277,15 +269,15 @@ class ModelRegistry:
 
     async def repository_index(self) -> list[IndexEntry]:
         """Every model of the repository and every version served: its state and reason
-        (a model not loaded: UNAVAILABLE, version 0)."""
+        (a model not loaded: state None, version 0)."""
         scanned = {src.name for src in await self._scan()}
         index = []
         for name in sorted(scanned | set(self._models)):
             versions = self._models.get(name, {})
             if not versions:
-                index.append(IndexEntry(name, 0, "UNAVAILABLE", "not loaded"))
+                index.append(IndexEntry(name, 0, None, "not loaded"))
             for version, mv in sorted(versions.items()):
-                index.append(IndexEntry(name, version, _INDEX_STATES[mv.state], mv.reason))
+                index.append(IndexEntry(name, version, mv.state, mv.reason))
         return index
 
     def _check_control(self) -> None:

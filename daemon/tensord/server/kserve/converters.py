@@ -3,7 +3,7 @@ from the data plane's model snapshots."""
 
 from __future__ import annotations
 
-from tensord.dataplane import ModelSnapshot, ModelState, TensorSpec
+from tensord.dataplane import IndexEntry, ModelSnapshot, ModelState, TensorSpec
 from tensord.errors import NotFoundError
 from tensord.kserve.v2 import grpc_service_pb2 as pb
 from tensord.kserve.v2 import model_config_pb2 as mc
@@ -11,6 +11,30 @@ from tensord.server.kserve.codec import DATATYPES
 
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 """Triton's platform names for tensord's backends."""
+
+
+_TRITON_STATES = {
+    ModelState.LOADING: "LOADING",
+    ModelState.READY: "READY",
+    ModelState.FAILED: "UNAVAILABLE",
+    ModelState.UNLOADING: "UNLOADING",
+}
+"""Triton's repository index states; a model not loaded is UNAVAILABLE too."""
+
+
+def repository_index_response(index: list[IndexEntry]) -> pb.RepositoryIndexResponse:
+    """Triton's repository index: versions as strings ("" for a model not loaded)."""
+    return pb.RepositoryIndexResponse(
+        models=[
+            pb.RepositoryIndexResponse.ModelIndex(
+                name=e.name,
+                version=str(e.version) if e.version else "",
+                state="UNAVAILABLE" if e.state is None else _TRITON_STATES[e.state],
+                reason=e.reason,
+            )
+            for e in index
+        ]
+    )
 
 
 def pick(snapshots: list[ModelSnapshot], version: int) -> ModelSnapshot:

@@ -48,6 +48,7 @@ from tensord.server.kserve.converters import (
     metadata_response,
     model_statistics,
     pick,
+    repository_index_response,
 )
 from tensord.server.kserve.intake import LOOKERS, parse_version
 
@@ -129,17 +130,7 @@ class KServeServicer:
     ) -> pb.RepositoryIndexResponse:
         _one_repository(request.repository_name)
         index = await self._dataplane.control.index(ready_only=request.ready)
-        return pb.RepositoryIndexResponse(
-            models=[
-                pb.RepositoryIndexResponse.ModelIndex(
-                    name=e.name,
-                    version=str(e.version) if e.version else "",
-                    state=e.state,
-                    reason=e.reason,
-                )
-                for e in index
-            ]
-        )
+        return repository_index_response(index)
 
     @unary_rpc(pb.RepositoryModelLoadRequest)
     async def RepositoryModelLoad(

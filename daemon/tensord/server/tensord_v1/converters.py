@@ -15,6 +15,7 @@ from tensord.dataplane import (
     GenerateCall,
     GeneratorSnapshot,
     HealthReport,
+    IndexEntry,
     KVCacheStats,
     ModelSnapshot,
     ModelState,
@@ -230,6 +231,15 @@ def health_response(report: HealthReport) -> pb.HealthResponse:
             for m in report.models
         ],
     )
+
+
+def index_response(index: list[IndexEntry]) -> pb.RepositoryIndexResponse:
+    """The repository index: each loaded version's state, NOT_LOADED for the others."""
+    response = pb.RepositoryIndexResponse()
+    for e in index:
+        state = pb.MODEL_STATE_NOT_LOADED if e.state is None else _state(e.state)
+        response.models.add(name=e.name, version=e.version, state=state, reason=e.reason)
+    return response
 
 
 def _state(state: ModelState) -> pb.ModelState:

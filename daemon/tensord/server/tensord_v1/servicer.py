@@ -138,13 +138,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self, request: pb.RepositoryIndexRequest, context: Ctx, rid: str, target: Any
     ) -> pb.RepositoryIndexResponse:
         index = await self._dataplane.control.index(ready_only=request.ready)
-        response = pb.RepositoryIndexResponse()
-        for e in index:
-            state = _INDEX_STATES.get(e.state)
-            if state is None:  # UNAVAILABLE: failed, or not loaded
-                state = pb.MODEL_STATE_FAILED if e.version else pb.MODEL_STATE_NOT_LOADED
-            response.models.add(name=e.name, version=e.version, state=state, reason=e.reason)
-        return response
+        return converters.index_response(index)
 
     @unary_rpc(pb.LoadModelRequest)
     async def LoadModel(
@@ -182,13 +176,6 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             pb.Endpoint(protocol=protocol, address=address) for protocol, address in self.endpoints
         )
         return response
-
-
-_INDEX_STATES = {
-    "READY": pb.MODEL_STATE_READY,
-    "LOADING": pb.MODEL_STATE_LOADING,
-    "UNLOADING": pb.MODEL_STATE_UNLOADING,
-}
 
 
 def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
