@@ -145,21 +145,26 @@ class DynamicBatcher:
         """Requests waiting (not counting those cancelled or expired in the queue)."""
         return sum(1 for pending in self._queue if not pending.future.done())
 
+    def _has_room(self, requests: int) -> bool:
+        """Whether `requests` more fit within max_queue_size (cancelled and expired
+        requests hold no place)."""
+        limit = self.settings.max_queue_size
+        if not limit or len(self._queue) + requests <= limit:
+            return True
+        self._drop_dead()
+        return len(self._queue) + requests <= limit
+
     def check_room(self, requests: int) -> None:
         """Before `requests` requests of one call are submitted: INVALID_ARGUMENT when
         they exceed max_queue_size (they could never wait together), RESOURCE_EXHAUSTED
         when the queue has no room for all of them now (none is queued)."""
         limit = self.settings.max_queue_size
-        if not limit:
-            return
-        if requests > limit:
+        if limit and requests > limit:
             raise InvalidArgumentError(
                 f"the request has {requests} inputs, more than model {self.name!r}'s queue "
                 f"holds (max_queue_size {limit}); send fewer a request"
             )
-        if len(self._queue) + requests > limit:
-            self._drop_dead()
-        if len(self._queue) + requests > limit:
+        if not self._has_room(requests):
             self.stats.rejected += 1
             raise ResourceExhaustedError(
                 f"the queue of model {self.name!r} has no room for {requests} more inputs "
@@ -172,11 +177,9 @@ class DynamicBatcher:
         """Queue a request and wait for its share of a batch."""
         if self._closed:
             raise UnavailableError(f"model {self.name!r} is unloading")
-        limit = self.settings.max_queue_size
-        if limit and len(self._queue) >= limit:
-            self._drop_dead()  # cancelled and expired requests hold no place
-        if limit and len(self._queue) >= limit:
+        if not self._has_room(1):
             self.stats.rejected += 1
+            limit = self.settings.max_queue_size
             raise ResourceExhaustedError(
                 f"the queue of model {self.name!r} is full ({limit} requests waiting); retry "
                 "later, or raise max_queue_size in its model.toml"
