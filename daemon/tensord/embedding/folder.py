@@ -27,11 +27,10 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from tensord.backends.onnx_file import graph_output_names, read_onnx
-from tensord.embedding.tokenizer import apply_special_tokens, longest_token
+from tensord.embedding.tokenizer import embedding_tokenizer, longest_token
 from tensord.errors import ModelLoadError
 from tensord.files import read_regular_file
 from tensord.generate.model.hf_config import MAX_JSON_BYTES, JsonFile
-from tensord.generate.model.model_dir import load_tokenizer
 from tensord.modelconfig.embedding import POOLING_MODES, EmbeddingConfig, PoolingMode
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -154,9 +153,9 @@ def read_embedding_folder(
     tokenizer_path = directory / TOKENIZER_FILE
     if not tokenizer_path.is_file():
         raise ModelLoadError(f"{directory}: an embedding model needs {TOKENIZER_FILE}")
-    tokenizer = load_tokenizer(tokenizer_path)
-    apply_special_tokens(tokenizer, directory)
     hf = JsonFile.read(directory / "config.json")
+    sbert = JsonFile.read(directory / SBERT_CONFIG_FILE)
+    st = JsonFile.read(directory / ST_CONFIG_FILE)
     modules = _read_modules(directory)
     graph = read_onnx(model_path).graph
     initializers = {i.name for i in graph.initializer}
@@ -164,10 +163,10 @@ def read_embedding_folder(
     outputs = {o.name: o for o in graph.output}
     _check_inputs(model_path, inputs)
     output = _served_output(model_path, outputs, modules)
-    pooling, normalize = _pooling(directory, model_path, output, modules, config)
+    pooling, normalize = _pooling(directory, model_path, output, modules, config, st)
     model_type = hf.str_or_empty("model_type")
-    prompt = _default_prompt(directory, modules)
-    max_seq_length = _max_seq_length(directory, hf, model_type, config)
+    prompt = _default_prompt(st)
+    max_seq_length = _max_seq_length(directory, hf, sbert, model_type, config)
     budget_set = "max_batch_tokens" in config.model_fields_set
     if budget_set and max_seq_length > config.max_batch_tokens:
         raise ModelLoadError(
@@ -175,7 +174,7 @@ def read_embedding_folder(
             f"{config.max_batch_tokens}: raise max_batch_tokens in model.toml, or lower "
             "embedding.max_seq_length"
         )
-    tokenizer.enable_truncation(max_seq_length)
+    tokenizer = embedding_tokenizer(tokenizer_path, max_seq_length)
     return EmbeddingSpec(
         directory=directory,
         model_path=model_path,
@@ -190,8 +189,7 @@ def read_embedding_folder(
         dimensions=_dimensions(outputs[output], len(pooling) or 1),
         prompt=prompt,
         model_type=model_type,
-        lowercase=JsonFile.read(directory / SBERT_CONFIG_FILE).bool_or_none("do_lower_case")
-        is True,
+        lowercase=sbert.bool_or_none("do_lower_case") is True,
         max_token_chars=longest_token(tokenizer),
         tokenizer=tokenizer,
     )
@@ -203,6 +201,7 @@ def _pooling(
     output: str,
     modules: list[tuple[str, str]],
     config: EmbeddingConfig,
+    st: JsonFile,
 ) -> tuple[tuple[PoolingMode, ...], bool]:
     """The pooling modes (none when the graph pools) and whether vectors are normalised."""
     normalize = any(kind == _NORMALIZE for kind, _ in modules)
@@ -213,7 +212,7 @@ def _pooling(
                 f"applies to a model that outputs {' or '.join(TOKEN_OUTPUTS)}"
             )
         return (), normalize
-    pooling = (config.pooling,) if config.pooling else _pooling_modes(directory, modules)
+    pooling = (config.pooling,) if config.pooling else _pooling_modes(directory, modules, st)
     return pooling, normalize if config.normalize is None else config.normalize
 
 
@@ -286,7 +285,9 @@ def _served_output(
     return token
 
 
-def _pooling_modes(directory: Path, modules: list[tuple[str, str]]) -> tuple[PoolingMode, ...]:
+def _pooling_modes(
+    directory: Path, modules: list[tuple[str, str]], st: JsonFile
+) -> tuple[PoolingMode, ...]:
     where = next((path for kind, path in modules if kind == _POOLING), None)
     if where is None:
         raise ModelLoadError(
@@ -299,7 +300,8 @@ def _pooling_modes(directory: Path, modules: list[tuple[str, str]]) -> tuple[Poo
     )
     if not modes:
         raise ModelLoadError(f"{pooling.path}: no pooling_mode_* flag is true")
-    if pooling.bool_or_none("include_prompt") is False and _has_default_prompt(directory):
+    has_prompt = bool(st.str_or_empty("default_prompt_name"))
+    if pooling.bool_or_none("include_prompt") is False and has_prompt:
         raise ModelLoadError(
             f"{pooling.path}: include_prompt = false (the default prompt's tokens left out of "
             "the pooling) is not served"
@@ -307,14 +309,9 @@ def _pooling_modes(directory: Path, modules: list[tuple[str, str]]) -> tuple[Poo
     return modes
 
 
-def _has_default_prompt(directory: Path) -> bool:
-    st = JsonFile.read(directory / ST_CONFIG_FILE)
-    return bool(st.str_or_empty("default_prompt_name"))
-
-
-def _default_prompt(directory: Path, modules: list[tuple[str, str]]) -> str:
-    """The prompt sentence-transformers' encode puts before every text by default."""
-    st = JsonFile.read(directory / ST_CONFIG_FILE)
+def _default_prompt(st: JsonFile) -> str:
+    """The prompt sentence-transformers' encode puts before every text by default
+    (config_sentence_transformers.json's)."""
     name = st.str_or_empty("default_prompt_name")
     if not name:
         return ""
@@ -324,7 +321,9 @@ def _default_prompt(directory: Path, modules: list[tuple[str, str]]) -> str:
     return str(prompts[name])
 
 
-def _max_seq_length(directory: Path, hf: JsonFile, model_type: str, config: EmbeddingConfig) -> int:
+def _max_seq_length(
+    directory: Path, hf: JsonFile, sbert: JsonFile, model_type: str, config: EmbeddingConfig
+) -> int:
     """As sentence-transformers resolves it: sentence_bert_config.json's, else the least of
     the model's positions and tokenizer_config.json's model_max_length; model.toml's over
     both. More than the model's positions is refused (such a text could not run)."""
@@ -335,7 +334,7 @@ def _max_seq_length(directory: Path, hf: JsonFile, model_type: str, config: Embe
     if config.max_seq_length is not None:
         length = config.max_seq_length
     else:
-        found = JsonFile.read(directory / SBERT_CONFIG_FILE).int_or_none(("max_seq_length",))
+        found = sbert.int_or_none(("max_seq_length",))
         if found is None:
             tok = JsonFile.read(directory / "tokenizer_config.json")
             value = tok.data.get("model_max_length")
