@@ -53,13 +53,13 @@ def model_snapshot(mv: ModelVersion) -> ModelSnapshot:
     match mv:
         case EmbeddingVersion(spec=spec) if spec is not None:
             _add_predict(snapshot, mv)  # its batcher's counters too: texts, runs
-            emb = mv.config.embedding
+            batcher = mv.batcher  # its budget as it runs (grown to max_seq_length if unset)
             snapshot.embedding = EmbeddingSnapshot(
                 spec.max_seq_length,
                 spec.dimensions,
                 "+".join(spec.pooling) or "graph",
                 spec.normalize,
-                emb.max_batch_tokens if emb is not None else 0,
+                batcher.settings.max_batch_tokens if batcher is not None else 0,
             )
         case PredictVersion():
             _add_predict(snapshot, mv)
