@@ -192,6 +192,14 @@ class OpenAIRoutes:
             headers["retry-after"] = str(max(1, round(exc.retry_after_s + 0.5)))
         return ErrorResponse(error_body(code, message, param, status), status, headers)
 
+    def _gone(self, call: Call) -> Gone:
+        """The client disconnected before its answer was ready: logged and recorded as
+        cancelled (HTTP 499, which nobody reads)."""
+        log.info("request.cancelled", request_id=call.id, rpc=call.rpc, status="CANCELLED")
+        call.status = 499
+        self.finished(call, grpc.StatusCode.CANCELLED)
+        return Gone(status_code=499)
+
     async def _body(self, request: Request) -> tuple[Any, int]:
         """The JSON body and its size, read up to [openai] max_body_bytes (the body is
         parsed on the event loop: the limit bounds how long that takes)."""
@@ -263,10 +271,7 @@ class OpenAIRoutes:
         with self.intake.budget(size):
             result = await _unless_disconnected(request, self.dataplane.embed(embed, entry))
         if result is None:
-            log.info("request.cancelled", request_id=call.id, rpc=call.rpc, status="CANCELLED")
-            call.status = 499
-            self.finished(call, grpc.StatusCode.CANCELLED)
-            return Gone(status_code=499)
+            return self._gone(call)
         if response_bytes(result.vectors, encoding) > _INLINE_BODY_BYTES:
             content = await asyncio.to_thread(embed_response, result, encoding, embed.model)
         else:
@@ -317,10 +322,7 @@ class OpenAIRoutes:
         async with held:
             whole = await _unless_disconnected(request, _whole(first, chunks, shapes))
         if whole is None:
-            log.info("request.cancelled", request_id=call.id, rpc=call.rpc, status="CANCELLED")
-            call.status = 499
-            self.finished(call, grpc.StatusCode.CANCELLED)
-            return Gone(status_code=499)
+            return self._gone(call)
         return JSONResponse(whole)
 
     def _stream_ended(
